@@ -1,0 +1,172 @@
+"""Model configuration, read from a NeMo `model_config.yaml` or our own `config.json`.
+
+Only the structure we serve is accepted: a cache-aware FastConformer encoder (causal
+dw_striding subsampling, rel_pos attention with chunked_limited context, causal depthwise
+convolutions, layer norm) with an LSTM prediction network and an RNN-T joint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class UnsupportedModel(ValueError):
+    """The checkpoint is a model architecture this server does not run."""
+
+
+Lookahead = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    sample_rate: int = 16000
+    n_mels: int = 128
+    n_fft: int = 512
+    win_length: int = 400
+    hop_length: int = 160
+    preemph: float = 0.97
+    log_guard: float = 2**-24
+    mag_power: float = 2.0
+    pad_to: int = 0
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    feat_in: int = 128
+    n_layers: int = 17
+    d_model: int = 512
+    n_heads: int = 8
+    ff_expansion: int = 4
+    subsampling_factor: int = 8
+    subsampling_channels: int = 256
+    conv_kernel_size: int = 9
+    xscaling: bool = False
+    use_bias: bool = False
+    pos_emb_max_len: int = 5000
+    att_context_sizes: tuple[Lookahead, ...] = ((70, 1),)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    num_classes: int = 1026  # output classes without blank; blank id == num_classes
+    pred_hidden: int = 640
+    pred_rnn_layers: int = 1
+    joint_hidden: int = 640
+    max_symbols: int = 10
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+
+    @property
+    def default_lookahead(self) -> Lookahead:
+        return self.encoder.att_context_sizes[0]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        enc = dict(d["encoder"])
+        enc["att_context_sizes"] = tuple(tuple(m) for m in enc["att_context_sizes"])
+        return cls(FeatureConfig(**d["features"]), EncoderConfig(**enc), DecoderConfig(**d["decoder"]))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelConfig":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_nemo(cls, cfg: dict) -> "ModelConfig":
+        """Build from a NeMo model_config.yaml dict; raises UnsupportedModel with the reason."""
+        return cls(_features_from_nemo(cfg), _encoder_from_nemo(cfg), _decoder_from_nemo(cfg))
+
+
+def _require(ok: bool, why: str) -> None:
+    if not ok:
+        raise UnsupportedModel(why)
+
+
+def _features_from_nemo(cfg: dict) -> FeatureConfig:
+    pre = cfg.get("preprocessor") or {}
+    _require("MelSpectrogram" in str(pre.get("_target_", "")), "preprocessor is not a log-mel spectrogram")
+    _require(str(pre.get("normalize", "NA")) in ("NA", "None", "none", ""), f"feature normalize={pre.get('normalize')!r} is not supported")
+    _require(str(pre.get("window", "hann")) == "hann", "only hann windows are supported")
+    _require(int(pre.get("frame_splicing", 1)) == 1, "frame splicing is not supported")
+    _require(not pre.get("exact_pad", False), "exact_pad STFT is not supported")
+    _require(pre.get("log", True) and pre.get("log_zero_guard_type", "add") == "add", "only log(x + guard) features are supported")
+    sr = int(pre.get("sample_rate", 16000))
+    pad_to = pre.get("pad_to", 16)
+    _require(isinstance(pad_to, int), f"pad_to={pad_to!r} is not supported")
+    guard = pre.get("log_zero_guard_value", 2**-24)
+    _require(isinstance(guard, (int, float)), f"log_zero_guard_value={guard!r} is not supported")
+    return FeatureConfig(
+        sample_rate=sr,
+        n_mels=int(pre.get("features", 64)),
+        n_fft=int(pre.get("n_fft") or 512),
+        win_length=round(float(pre.get("window_size", 0.02)) * sr),
+        hop_length=round(float(pre.get("window_stride", 0.01)) * sr),
+        preemph=float(pre.get("preemph", 0.97) or 0.0),
+        log_guard=float(guard),
+        mag_power=float(pre.get("mag_power", 2.0)),
+        pad_to=pad_to,
+    )
+
+
+def _lookaheads(att: list) -> tuple[Lookahead, ...]:
+    modes = att if att and isinstance(att[0], (list, tuple)) else [att]
+    out = tuple((int(m[0]), int(m[1])) for m in modes)
+    for left, right in out:
+        _require(left >= 0 and right >= 0, f"att_context_size {[left, right]} is not a bounded streaming context")
+        _require(left % (right + 1) == 0, f"att_context_size {[left, right]}: left context must be whole chunks")
+    return out
+
+
+def _encoder_from_nemo(cfg: dict) -> EncoderConfig:
+    enc = cfg.get("encoder") or {}
+    _require("ConformerEncoder" in str(enc.get("_target_", "")), f"encoder {enc.get('_target_')!r} is not a FastConformer encoder")
+    _require(enc.get("att_context_style") == "chunked_limited", "encoder is not cache-aware streaming (att_context_style is not chunked_limited)")
+    _require(bool(enc.get("causal_downsampling")), "encoder subsampling is not causal (not a streaming model)")
+    _require(enc.get("subsampling") == "dw_striding", f"subsampling {enc.get('subsampling')!r} is not supported")
+    _require(enc.get("self_attention_model", "rel_pos") == "rel_pos", "only rel_pos self-attention is supported")
+    _require(str(enc.get("conv_context_size")) in ("causal", f"[{int(enc.get('conv_kernel_size', 9)) - 1}, 0]"), "convolutions are not causal (not a streaming model)")
+    _require(enc.get("conv_norm_type", "batch_norm") == "layer_norm", f"conv_norm_type {enc.get('conv_norm_type')!r} is not supported")
+    _require(not enc.get("reduction"), "time reduction layers are not supported")
+    return EncoderConfig(
+        feat_in=int(enc["feat_in"]),
+        n_layers=int(enc["n_layers"]),
+        d_model=int(enc["d_model"]),
+        n_heads=int(enc["n_heads"]),
+        ff_expansion=int(enc.get("ff_expansion_factor", 4)),
+        subsampling_factor=int(enc.get("subsampling_factor", 8)),
+        subsampling_channels=int(enc.get("subsampling_conv_channels", -1) if enc.get("subsampling_conv_channels", -1) != -1 else enc["d_model"]),
+        conv_kernel_size=int(enc.get("conv_kernel_size", 31)),
+        xscaling=bool(enc.get("xscaling", True)),
+        use_bias=bool(enc.get("use_bias", True)),
+        pos_emb_max_len=int(enc.get("pos_emb_max_len", 5000)),
+        att_context_sizes=_lookaheads(enc.get("att_context_size", [-1, -1])),
+    )
+
+
+def _decoder_from_nemo(cfg: dict) -> DecoderConfig:
+    dec, joint = cfg.get("decoder"), cfg.get("joint")
+    _require(dec is not None and joint is not None, "model has no RNN-T decoder (CTC-only models are not supported)")
+    _require("RNNTDecoder" in str(dec.get("_target_", "")), f"decoder {dec.get('_target_')!r} is not an RNN-T LSTM decoder")
+    _require("RNNTJoint" in str(joint.get("_target_", "")), f"joint {joint.get('_target_')!r} is not supported")
+    model_type = str((cfg.get("decoding") or {}).get("model_type", "rnnt"))
+    _require(model_type == "rnnt" and not joint.get("num_extra_outputs"), "TDT models are not supported")
+    pred, jnet = dec.get("prednet") or {}, joint.get("jointnet") or {}
+    _require(jnet.get("activation", "relu") == "relu", "only relu joint activation is supported")
+    greedy = (cfg.get("decoding") or {}).get("greedy") or {}
+    return DecoderConfig(
+        num_classes=int(joint.get("num_classes", dec.get("vocab_size"))),
+        pred_hidden=int(pred.get("pred_hidden", 640)),
+        pred_rnn_layers=int(pred.get("pred_rnn_layers", 1)),
+        joint_hidden=int(jnet.get("joint_hidden", 640)),
+        max_symbols=int(greedy.get("max_symbols", 10) or 10),
+    )

@@ -1,0 +1,222 @@
+"""Cache-aware FastConformer encoder: whole-utterance forward and batched stream step.
+
+Module names follow NeMo's so converted checkpoints map one to one (apart from the fused QKV).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .attention import RelPositionSelfAttention, chunked_limited_allowed, relative_positions
+from .config import EncoderConfig, Lookahead
+from .subsampling import CausalSubsampling
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """How NeMo's CacheAwareStreamingAudioBuffer cuts a stream of mel frames for one lookahead."""
+
+    first_frames: int  # mel frames of the first chunk
+    chunk_frames: int  # mel frames of every later chunk
+    pre_cache: int  # mel frames of the previous chunk prepended to later chunks
+    drop: int  # leading pre-encoded frames dropped from every later chunk
+    out_frames: int  # encoder frames per full chunk
+
+    @property
+    def window(self) -> int:
+        """Mel frames each batched step sees: later chunks, and the first one left-padded to match."""
+        return self.pre_cache + self.chunk_frames
+
+    @property
+    def first_pad(self) -> int:
+        return self.window - self.first_frames
+
+
+def chunk_spec(lookahead: Lookahead, factor: int) -> ChunkSpec:
+    right, pre_cache = lookahead[1], factor + 1
+    return ChunkSpec(
+        first_frames=1 + factor * right,
+        chunk_frames=factor * (1 + right),
+        pre_cache=pre_cache,
+        drop=1 + (pre_cache - 1) // factor,
+        out_frames=right + 1,
+    )
+
+
+@dataclass
+class EncoderCache:
+    """Streaming state of a batch of streams (or of the whole slot pool)."""
+
+    keys: torch.Tensor  # [layers, B, C, D] projected keys of the last C frames
+    values: torch.Tensor  # [layers, B, C, D]
+    conv: torch.Tensor  # [layers, B, D, kernel-1] depthwise-conv inputs of the last frames
+    length: torch.Tensor  # [B] valid frames in keys/values
+
+    @classmethod
+    def zeros(cls, cfg: EncoderConfig, batch: int, device=None, dtype=torch.float32) -> "EncoderCache":
+        c = max(left for left, _ in cfg.att_context_sizes)
+        kv = (cfg.n_layers, batch, c, cfg.d_model)
+        return cls(
+            keys=torch.zeros(kv, device=device, dtype=dtype),
+            values=torch.zeros(kv, device=device, dtype=dtype),
+            conv=torch.zeros(cfg.n_layers, batch, cfg.d_model, cfg.conv_kernel_size - 1, device=device, dtype=dtype),
+            length=torch.zeros(batch, dtype=torch.long, device=device),
+        )
+
+    def gather(self, idx: torch.Tensor) -> "EncoderCache":
+        return EncoderCache(self.keys[:, idx], self.values[:, idx], self.conv[:, idx], self.length[idx])
+
+    def scatter(self, idx: torch.Tensor, part: "EncoderCache") -> None:
+        self.keys[:, idx] = part.keys
+        self.values[:, idx] = part.values
+        self.conv[:, idx] = part.conv
+        self.length[idx] = part.length
+
+    def reset(self, idx: torch.Tensor) -> None:
+        self.keys[:, idx] = 0
+        self.values[:, idx] = 0
+        self.conv[:, idx] = 0
+        self.length[idx] = 0
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, bias: bool):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x):
+        return self.linear2(F.silu(self.linear1(x)))
+
+
+class CausalConvModule(nn.Module):
+    """Pointwise conv + GLU, causal depthwise conv, layer norm, swish, pointwise conv; [B, T, D] in and out."""
+
+    def __init__(self, d_model: int, kernel: int, bias: bool):
+        super().__init__()
+        self.pointwise_conv1 = nn.Conv1d(d_model, 2 * d_model, 1, bias=bias)
+        self.depthwise_conv = nn.Conv1d(d_model, d_model, kernel, groups=d_model, bias=bias)
+        self.batch_norm = nn.LayerNorm(d_model)  # NeMo's name, though it is a layer norm
+        self.pointwise_conv2 = nn.Conv1d(d_model, d_model, 1, bias=bias)
+
+    def forward(self, x, pad_mask, cache=None):
+        """pad_mask [B, T] True = padding; cache [B, D, kernel-1] or None. Returns (out, new cache)."""
+        h = F.glu(F.linear(x, self.pointwise_conv1.weight.squeeze(-1), self.pointwise_conv1.bias), dim=-1)
+        h = h.masked_fill(pad_mask.unsqueeze(-1), 0.0).transpose(1, 2)
+        ctx = self.depthwise_conv.kernel_size[0] - 1
+        h = F.pad(h, (ctx, 0)) if cache is None else torch.cat((cache, h), dim=-1)
+        new_cache = h[:, :, -ctx:]
+        h = self.depthwise_conv(h).transpose(1, 2)
+        h = F.silu(self.batch_norm(h))
+        return F.linear(h, self.pointwise_conv2.weight.squeeze(-1), self.pointwise_conv2.bias), new_cache
+
+
+class ConformerLayer(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        d, bias = cfg.d_model, cfg.use_bias
+        self.norm_feed_forward1 = nn.LayerNorm(d)
+        self.feed_forward1 = FeedForward(d, d * cfg.ff_expansion, bias)
+        self.norm_self_att = nn.LayerNorm(d)
+        self.self_attn = RelPositionSelfAttention(d, cfg.n_heads, bias)
+        self.norm_conv = nn.LayerNorm(d)
+        self.conv = CausalConvModule(d, cfg.conv_kernel_size, bias)
+        self.norm_feed_forward2 = nn.LayerNorm(d)
+        self.feed_forward2 = FeedForward(d, d * cfg.ff_expansion, bias)
+        self.norm_out = nn.LayerNorm(d)
+
+    def forward(self, x, pos_emb, att_mask, pad_mask, kv_cache=None, conv_cache=None):
+        res = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        att, kv = self.self_attn(self.norm_self_att(res), pos_emb, att_mask, kv_cache)
+        res = res + att
+        conv, conv_cache = self.conv(self.norm_conv(res), pad_mask, conv_cache)
+        res = res + conv
+        res = res + 0.5 * self.feed_forward2(self.norm_feed_forward2(res))
+        return self.norm_out(res), kv, conv_cache
+
+
+class ConformerEncoder(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.pre_encode = CausalSubsampling(cfg.feat_in, cfg.d_model, cfg.subsampling_channels, cfg.subsampling_factor)
+        self.layers = nn.ModuleList(ConformerLayer(cfg) for _ in range(cfg.n_layers))
+        self.xscale = math.sqrt(cfg.d_model) if cfg.xscaling else None
+        self._pos: dict = {}
+
+    def chunk_spec(self, lookahead: Lookahead) -> ChunkSpec:
+        return chunk_spec(lookahead, self.cfg.subsampling_factor)
+
+    def check_lookahead(self, lookahead: Lookahead | None) -> Lookahead:
+        if lookahead is None:
+            return self.cfg.att_context_sizes[0]
+        lookahead = (int(lookahead[0]), int(lookahead[1]))
+        if lookahead not in self.cfg.att_context_sizes:
+            modes = ", ".join(f"{a},{b}" for a, b in self.cfg.att_context_sizes)
+            raise ValueError(f"lookahead {lookahead[0]},{lookahead[1]} is not one of this model's modes ({modes})")
+        return lookahead
+
+    def _pos_emb(self, length: int, like: torch.Tensor) -> torch.Tensor:
+        key = (length, like.device)
+        if key not in self._pos:
+            self._pos[key] = relative_positions(length, self.cfg.d_model, like.device)
+        return self._pos[key].to(like.dtype)
+
+    def _scale(self, x):
+        return x * self.xscale if self.xscale else x
+
+    def forward(self, feats: torch.Tensor, lengths: torch.Tensor, lookahead: Lookahead | None = None):
+        """Whole utterances: feats [B, T, feat_in], lengths [B] -> (encoded [B, T', D], lengths [B])."""
+        lookahead = self.check_lookahead(lookahead)
+        x, lens, _ = self.pre_encode(feats, lengths)
+        x = self._scale(x)
+        t = x.size(1)
+        pos = torch.arange(t, device=x.device)
+        valid = pos.unsqueeze(0) < lens.unsqueeze(1)
+        allowed = chunked_limited_allowed(pos, pos, lookahead).unsqueeze(0) & valid.unsqueeze(1) & valid.unsqueeze(2)
+        att_mask, pad_mask = ~allowed, ~valid
+        pos_emb = self._pos_emb(t, x)
+        for layer in self.layers:
+            x, _, _ = layer(x, pos_emb, att_mask, pad_mask)
+        return x, lens
+
+    def stream_step(self, feats, lengths, start, cache: EncoderCache, lookahead: Lookahead):
+        """One chunk of each stream in the batch.
+
+        feats [B, window, feat_in]: pre-encode cache + new frames (first chunks left-padded by
+        `first_pad` zero frames with start = first_pad); frames [start, start + lengths) are valid.
+        Returns (encoded [B, T, D], lengths [B], new cache).
+        """
+        spec = self.chunk_spec(lookahead)
+        x, lens, first = self.pre_encode(feats, lengths, start)
+        end = first + lens
+        x = self._scale(x[:, spec.drop :])
+        lens = (end - spec.drop).clamp(min=0)
+        b, t, _ = x.shape
+        c = lookahead[0]
+        window = c + t
+        pos = torch.arange(window, device=x.device)
+        offset = c - cache.length.clamp(max=c)
+        valid = (pos.unsqueeze(0) >= offset.unsqueeze(1)) & (pos.unsqueeze(0) < (lens + c).unsqueeze(1))
+        allowed = chunked_limited_allowed(pos[c:], pos, lookahead).unsqueeze(0) & valid[:, c:].unsqueeze(2) & valid.unsqueeze(1)
+        att_mask, pad_mask = ~allowed, ~valid[:, c:]
+        pos_emb = self._pos_emb(window, x)
+        keys, values, convs = [], [], []
+        for i, layer in enumerate(self.layers):
+            kv = (cache.keys[i, :, -c:], cache.values[i, :, -c:])
+            x, (k, v), conv = layer(x, pos_emb, att_mask, pad_mask, kv, cache.conv[i])
+            keys.append(self._keep_tail(cache.keys[i], k[:, c:]))
+            values.append(self._keep_tail(cache.values[i], v[:, c:]))
+            convs.append(conv)
+        new = EncoderCache(torch.stack(keys), torch.stack(values), torch.stack(convs), (cache.length + t).clamp(max=c))
+        return x, lens, new
+
+    @staticmethod
+    def _keep_tail(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """The last C frames of old + new keys/values, C being the pool's cache size."""
+        return torch.cat((old, new), 1)[:, -old.size(1) :]
