@@ -26,6 +26,7 @@ class ChunkSpec:
     pre_cache: int  # mel frames of the previous chunk prepended to later chunks
     drop: int  # leading pre-encoded frames dropped from every later chunk
     out_frames: int  # encoder frames per full chunk
+    factor: int  # subsampling factor: a last chunk shorter than this is dropped, as NeMo does
 
     @property
     def window(self) -> int:
@@ -45,6 +46,7 @@ def chunk_spec(lookahead: Lookahead, factor: int) -> ChunkSpec:
         pre_cache=pre_cache,
         drop=1 + (pre_cache - 1) // factor,
         out_frames=right + 1,
+        factor=factor,
     )
 
 
@@ -185,27 +187,25 @@ class ConformerEncoder(nn.Module):
             x, _, _ = layer(x, pos_emb, att_mask, pad_mask)
         return x, lens
 
-    def stream_step(self, feats, lengths, start, cache: EncoderCache, lookahead: Lookahead):
-        """One chunk of each stream in the batch.
-
-        feats [B, window, feat_in]: pre-encode cache + new frames (first chunks left-padded by
-        `first_pad` zero frames with start = first_pad); frames [start, start + lengths) are valid.
-        Returns (encoded [B, T, D], lengths [B], new cache).
-        """
+    def stream_pre_encode(self, feats, lengths, start, lookahead: Lookahead):
+        """Subsample one chunk of each stream: feats [B, window, feat_in] (pre-encode cache + new
+        frames; first chunks left-padded by `first_pad` zero frames with start = first_pad), valid
+        frames [start, start + lengths). Returns (x [B, T, D], lengths [B])."""
         spec = self.chunk_spec(lookahead)
         x, lens, first = self.pre_encode(feats, lengths, start)
-        end = first + lens
-        x = self._scale(x[:, spec.drop :])
-        lens = (end - spec.drop).clamp(min=0)
-        b, t, _ = x.shape
+        return x[:, spec.drop :], (first + lens - spec.drop).clamp(min=0)
+
+    def stream_layers(self, x, lens, cache: EncoderCache, lookahead: Lookahead):
+        """The conformer layers over one pre-encoded chunk per stream -> (encoded [B, T, D], new cache)."""
+        x = self._scale(x)
+        t = x.size(1)
         c = lookahead[0]
-        window = c + t
-        pos = torch.arange(window, device=x.device)
+        pos = torch.arange(c + t, device=x.device)
         offset = c - cache.length.clamp(max=c)
         valid = (pos.unsqueeze(0) >= offset.unsqueeze(1)) & (pos.unsqueeze(0) < (lens + c).unsqueeze(1))
         allowed = chunked_limited_allowed(pos[c:], pos, lookahead).unsqueeze(0) & valid[:, c:].unsqueeze(2) & valid.unsqueeze(1)
         att_mask, pad_mask = ~allowed, ~valid[:, c:]
-        pos_emb = self._pos_emb(window, x)
+        pos_emb = self._pos_emb(c + t, x)
         keys, values, convs = [], [], []
         for i, layer in enumerate(self.layers):
             kv = (cache.keys[i, :, -c:], cache.values[i, :, -c:])
@@ -213,8 +213,8 @@ class ConformerEncoder(nn.Module):
             keys.append(self._keep_tail(cache.keys[i], k[:, c:]))
             values.append(self._keep_tail(cache.values[i], v[:, c:]))
             convs.append(conv)
-        new = EncoderCache(torch.stack(keys), torch.stack(values), torch.stack(convs), (cache.length + t).clamp(max=c))
-        return x, lens, new
+        new = EncoderCache(torch.stack(keys), torch.stack(values), torch.stack(convs), (cache.length + t).clamp(max=cache.keys.size(2)))
+        return x, new
 
     @staticmethod
     def _keep_tail(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

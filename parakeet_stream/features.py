@@ -42,7 +42,7 @@ def slaney_mel_filterbank(sample_rate: int, n_fft: int, n_mels: int) -> np.ndarr
 
 
 class LogMelFeatures(nn.Module):
-    """Turns pre-emphasised, already padded sample frames into log-mel frames."""
+    """NeMo-equivalent log-mel features; `mel` turns emphasised sample frames into features."""
 
     def __init__(self, cfg: FeatureConfig):
         super().__init__()
@@ -55,16 +55,14 @@ class LogMelFeatures(nn.Module):
         left = (self.cfg.n_fft - self.cfg.win_length) // 2
         return nn.functional.pad(self.window, (left, self.cfg.n_fft - self.cfg.win_length - left))
 
-    def frames_from_emphasised(self, emph: torch.Tensor) -> torch.Tensor:
-        """emph [B, S] holding whole frames (S = n_fft + hop * (F - 1)) -> log-mel [B, F, n_mels]."""
+    def mel(self, frames: torch.Tensor) -> torch.Tensor:
+        """Emphasised sample frames [..., n_fft] -> log-mel [..., n_mels]."""
         cfg = self.cfg
-        frames = emph.unfold(-1, cfg.n_fft, cfg.hop_length) * self._padded_window()
-        spec = torch.view_as_real(torch.fft.rfft(frames, n=cfg.n_fft))
+        spec = torch.view_as_real(torch.fft.rfft(frames * self._padded_window(), n=cfg.n_fft))
         mag = torch.sqrt(spec.pow(2).sum(-1))
         if cfg.mag_power != 1.0:
             mag = mag.pow(cfg.mag_power)
-        mel = torch.matmul(mag, self.fb.t())
-        return torch.log(mel + cfg.log_guard)
+        return torch.log(torch.matmul(mag, self.fb.t()) + cfg.log_guard)
 
     def emphasise(self, samples: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
         """Pre-emphasis y[n] = x[n] - a * x[n-1]; `previous` is the sample before `samples` ([B])."""
@@ -88,63 +86,61 @@ class LogMelFeatures(nn.Module):
 
     def forward(self, samples: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Whole utterance [N] -> (features [valid, n_mels], valid frame count)."""
-        valid, _ = self.num_frames(samples.numel())
         stream = FeatureStream(self)
         frames = torch.cat((stream.push(samples), stream.flush()))
-        return frames[:valid], valid
+        valid = stream.valid_frames
+        return self.mel(frames[:valid].to(self.fb.dtype)), valid
 
 
 class FeatureStream:
-    """Incremental features of one stream: push samples, get every frame that is complete."""
+    """Incremental framing of one stream: push samples, get every complete emphasised frame.
+
+    Frames come back as raw [F, n_fft] sample windows so that many streams' frames can go
+    through `LogMelFeatures.mel` in one batch.
+    """
 
     def __init__(self, features: LogMelFeatures):
-        self.features = features
-        cfg = features.cfg
-        self.pad = cfg.n_fft // 2
-        self.buffer = torch.zeros(self.pad)  # emphasised samples not yet fully consumed
+        self.cfg = features.cfg
+        self.emphasise = features.emphasise
+        self.num_frames = features.num_frames
+        self.buffer = torch.zeros(self.cfg.n_fft // 2)  # centred STFT: zero padding on the left
         self.last_sample: torch.Tensor | None = None
         self.n_samples = 0
         self.frames_done = 0
 
-    def _ready(self) -> int:
-        cfg = self.features.cfg
-        if self.buffer.numel() < cfg.n_fft:
-            return 0
-        return (self.buffer.numel() - cfg.n_fft) // cfg.hop_length + 1
+    @property
+    def valid_frames(self) -> int:
+        """Frames NeMo counts as valid for the samples pushed so far (final once the stream ends)."""
+        return self.num_frames(self.n_samples)[0]
 
     def _take(self, n: int) -> torch.Tensor:
-        cfg = self.features.cfg
-        if n == 0:
-            return torch.zeros(0, cfg.n_mels)
+        cfg = self.cfg
+        if n <= 0:
+            return torch.zeros(0, cfg.n_fft)
         used = cfg.n_fft + cfg.hop_length * (n - 1)
-        out = self.features.frames_from_emphasised(self.buffer[:used].unsqueeze(0))[0]
+        out = self.buffer[:used].unfold(0, cfg.n_fft, cfg.hop_length)
         self.buffer = self.buffer[n * cfg.hop_length :]
         self.frames_done += n
         return out
 
     def push(self, samples: torch.Tensor) -> torch.Tensor:
-        """Append float32 samples; returns the new complete frames [F, n_mels]."""
+        """Append float32 samples [N]; returns the newly complete frames [F, n_fft]."""
         if samples.numel():
-            emph = self.features.emphasise(samples, self.last_sample)
+            self.buffer = torch.cat((self.buffer, self.emphasise(samples, self.last_sample)))
             self.last_sample = samples[-1:]
-            self.buffer = torch.cat((self.buffer, emph))
             self.n_samples += samples.numel()
-        return self._take(self._ready())
-
-    def pending_frames(self) -> int:
-        """Frames still to come when the stream ends now (zero-padded tail included)."""
-        return self.features.num_frames(self.n_samples)[1] - self.frames_done
+        ready = 0
+        if self.buffer.numel() >= self.cfg.n_fft:
+            ready = (self.buffer.numel() - self.cfg.n_fft) // self.cfg.hop_length + 1
+        return self._take(ready)
 
     def flush(self) -> torch.Tensor:
-        """End of stream: the remaining frames up to NeMo's total, those past the valid ones zeroed."""
-        valid = self.features.num_frames(self.n_samples)[0]
-        need = self.pending_frames()
-        if need <= 0:
-            return torch.zeros(0, self.features.cfg.n_mels)
-        cfg = self.features.cfg
+        """End of stream: the remaining frames up to NeMo's total count (zero-padded samples).
+
+        Frames from index `valid_frames` on are zero-masked by NeMo; the caller zeroes their features.
+        """
+        cfg = self.cfg
+        need = self.num_frames(self.n_samples)[1] - self.frames_done
         total = cfg.n_fft + cfg.hop_length * (need - 1)
         self.buffer = nn.functional.pad(self.buffer, (0, max(0, total - self.buffer.numel())))
-        first = self.frames_done
-        out = self._take(need)
-        out[max(0, valid - first) :] = 0.0
-        return out
+        return self._take(need)

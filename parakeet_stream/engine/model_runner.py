@@ -1,0 +1,268 @@
+"""The model behind three worker threads joined by queues.
+
+pre-encode: features + subsampling for every stream with new audio, batched;
+encode: one batched cache-aware encoder step over the next chunk of every ready stream;
+decode: one batched greedy RNN-T pass over those chunks, results published per stream.
+A failure in a stage fails only the streams of that batch (`inference_error`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict, deque
+from typing import Callable
+
+import torch
+
+from ..model import ParakeetModel
+from .scheduler import Scheduler
+from .sequence import Chunk, Sequence, StreamResult, feature_batch
+
+log = logging.getLogger(__name__)
+_STOP = object()
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: ParakeetModel,
+        scheduler: Scheduler,
+        on_release: Callable[[Sequence], None],
+        endpoint_seconds: float = 0.8,
+    ):
+        self.model = model
+        self.scheduler = scheduler
+        self.on_release = on_release
+        self.endpoint_frames = max(1, round(endpoint_seconds / model.frame_seconds))
+        self.eou_id = model.tokenizer.eou_id if model.tokenizer else None
+        self.device = model.features.fb.device
+        self._dirty: dict[int, Sequence] = {}
+        self._wake = threading.Condition()
+        self._flight = threading.Lock()
+        self._encode_q: queue.Queue = queue.Queue()
+        self._decode_q: queue.Queue = queue.Queue()
+        self._stopped = False
+        self._threads = [
+            threading.Thread(target=self._loop, args=(self._pre_encode_wait, self.pre_encode), name="pre-encode", daemon=True),
+            threading.Thread(target=self._encode_loop, name="encode", daemon=True),
+            threading.Thread(target=self._loop, args=(self._decode_wait, self.decode), name="decode", daemon=True),
+        ]
+
+    # --- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify_all()
+        self._encode_q.put(_STOP)
+        self._decode_q.put(_STOP)
+        for t in self._threads:
+            t.join(timeout=10)
+
+    def wake(self, seq: Sequence) -> None:
+        with self._wake:
+            self._dirty[seq.stream_id] = seq
+            self._wake.notify()
+
+    def cancel(self, seq: Sequence) -> None:
+        with self._flight:
+            seq.cancelled = True
+            idle = seq.in_flight == 0
+        if idle:
+            self.on_release(seq)
+
+    # --- thread loops --------------------------------------------------------------------
+    def _loop(self, wait: Callable, work: Callable) -> None:
+        while True:
+            batch = wait()
+            if batch is _STOP:
+                return
+            try:
+                with torch.inference_mode():
+                    work(batch)
+            except Exception as exc:  # noqa: BLE001 - a model fault must not kill the thread
+                self._fail(batch, exc)
+
+    def _pre_encode_wait(self):
+        with self._wake:
+            while not self._dirty and not self._stopped:
+                self._wake.wait()
+            if self._stopped:
+                return _STOP
+            batch, self._dirty = list(self._dirty.values()), {}
+        return [s for s in batch if s.slot is not None and not (s.cancelled or s.failed or s.finished_input)]
+
+    def _decode_wait(self):
+        return self._decode_q.get()
+
+    def _encode_loop(self) -> None:
+        pending: dict[int, deque[Chunk]] = defaultdict(deque)
+        while True:
+            item = self._encode_q.get() if not pending else self._get_nowait(self._encode_q)
+            if item is _STOP:
+                return
+            for chunk in item or []:
+                pending[chunk.seq.stream_id].append(chunk)
+            heads = [pending[sid].popleft() for sid in list(pending)]
+            for sid in [sid for sid, q in pending.items() if not q]:
+                del pending[sid]
+            try:
+                with torch.inference_mode():
+                    self.encode(heads)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(heads, exc)
+
+    @staticmethod
+    def _get_nowait(q: queue.Queue):
+        try:
+            return q.get_nowait()
+        except queue.Empty:
+            return None
+
+    # --- stages ----------------------------------------------------------------------------
+    def pre_encode(self, seqs: list[Sequence]) -> None:
+        if not seqs:
+            return
+        ending = {s.stream_id for s in seqs if s.final_requested}
+        feature_batch(self.model.features, seqs, ending)
+        fcfg = self.model.cfg.features
+        chunks: list[Chunk] = []
+        for seq in seqs:
+            cut = seq.cut_chunks(fcfg.hop_length, fcfg.n_fft)
+            if seq.stream_id in ending:
+                seq.finished_input = True
+                cut.append(Chunk(seq, None, 0, 0, time.monotonic(), last=True))
+            chunks += cut
+        real = [c for c in chunks if c.window is not None]
+        for group in _by_lookahead(real).values():
+            self._pre_encode_group(group)
+        with self._flight:
+            chunks = [c for c in chunks if not c.seq.cancelled]
+            for c in chunks:
+                c.seq.in_flight += 1
+        if chunks:
+            self._encode_q.put(chunks)
+
+    def _pre_encode_group(self, group: list[Chunk]) -> None:
+        dev = self.device
+        feats = torch.stack([c.window for c in group]).to(dev)
+        lengths = torch.tensor([c.length for c in group], device=dev)
+        start = torch.tensor([c.start for c in group], device=dev)
+        x, lens = self.model.encoder.stream_pre_encode(feats, lengths, start, group[0].seq.lookahead)
+        for c, xi, li in zip(group, x, lens.tolist()):
+            c.x, c.x_len, c.window = xi, li, c.window[:0]
+
+    def encode(self, chunks: list[Chunk]) -> None:
+        live = self._drop_dead(chunks)
+        real = [c for c in live if c.x is not None]
+        for group in _by_lookahead(real).values():
+            idx = torch.tensor([c.seq.slot for c in group], device=self.device)
+            cache = self.scheduler.cache.gather(idx)
+            x = torch.stack([c.x for c in group])
+            lens = torch.tensor([c.x_len for c in group], device=self.device)
+            enc, new = self.model.encoder.stream_layers(x, lens, cache, group[0].seq.lookahead)
+            self.scheduler.cache.scatter(idx, new)
+            for c, e in zip(group, enc):
+                c.encoded = e
+        if live:
+            self._decode_q.put(live)
+
+    def decode(self, chunks: list[Chunk]) -> None:
+        live = self._drop_dead(chunks)
+        real = [c for c in live if c.encoded is not None]
+        found: dict[int, list[tuple[int, int]]] = {}
+        if real:
+            idx = torch.tensor([c.seq.slot for c in real], device=self.device)
+            pool = self.scheduler.decoder
+            enc = torch.stack([c.encoded for c in real])
+            lens = torch.tensor([c.x_len for c in real], device=self.device)
+            emission, state = self.model.decoder.decode(enc, lens, pool.select(idx))
+            pool.h[:, idx], pool.c[:, idx], pool.g[idx] = state.h, state.c, state.g
+            found = {id(c): toks for c, toks in zip(real, emission.per_stream(len(real)))}
+        for c in live:
+            self._publish(c, found.get(id(c), []))
+            self._chunk_done(c)
+
+    # --- results ------------------------------------------------------------------------
+    def _publish(self, chunk: Chunk, tokens: list[tuple[int, int]]) -> None:
+        seq, fs = chunk.seq, self.model.frame_seconds
+        ids = [tok for tok, _ in tokens]
+        frames = [seq.frames_decoded + t for _, t in tokens]
+        seq.frames_decoded += chunk.x_len if chunk.encoded is not None else 0
+        seq.token_ids += ids
+        text = seq.detok.push(ids) + (seq.detok.flush() if chunk.last else "")
+        if chunk.encoded is None and not chunk.last:
+            return
+        result = StreamResult(
+            stream_id=seq.stream_id,
+            token_ids=ids,
+            text=text,
+            is_final=chunk.last,
+            utterance_end=self._utterance_end(seq, ids, frames),
+            start=frames[0] * fs if frames else None,
+            end=frames[-1] * fs if frames else None,
+            audio_seconds=seq.frames_decoded * fs,
+            latency=time.monotonic() - chunk.ready_at if chunk.encoded is not None else None,
+        )
+        seq.publish(result)
+
+    def _utterance_end(self, seq: Sequence, ids: list[int], frames: list[int]) -> bool:
+        if frames:
+            seq.last_token_frame = frames[-1]
+            seq.utterance_has_tokens = True
+        if self.eou_id is not None:
+            ended = self.eou_id in ids
+            if ended:
+                seq.utterance_has_tokens = ids[-1] != self.eou_id
+            return ended
+        if seq.utterance_has_tokens and seq.frames_decoded - 1 - seq.last_token_frame >= self.endpoint_frames:
+            seq.utterance_has_tokens = False
+            return True
+        return False
+
+    # --- bookkeeping -----------------------------------------------------------------------
+    def _drop_dead(self, chunks: list[Chunk]) -> list[Chunk]:
+        live = []
+        for c in chunks:
+            if c.seq.cancelled or c.seq.failed:
+                self._chunk_done(c)
+            else:
+                live.append(c)
+        return live
+
+    def _chunk_done(self, chunk: Chunk) -> None:
+        seq = chunk.seq
+        with self._flight:
+            seq.in_flight -= 1
+            release = seq.in_flight == 0 and (seq.cancelled or seq.failed or chunk.last)
+        if release:
+            self.on_release(seq)
+
+    def _fail(self, batch, exc: Exception) -> None:
+        log.exception("inference failed for %d chunk(s)", len(batch), exc_info=exc)
+        chunks = [c for c in batch if isinstance(c, Chunk)]
+        seqs = {id(s): s for s in [c.seq for c in chunks] + [s for s in batch if isinstance(s, Sequence)]}
+        for seq in seqs.values():
+            if not seq.failed and not seq.cancelled:
+                seq.failed = True
+                seq.publish(StreamResult(seq.stream_id, [], "", is_final=True, error="inference_error"))
+        for c in chunks:
+            self._chunk_done(c)
+        for seq in seqs.values():
+            with self._flight:
+                idle = seq.in_flight == 0
+            if idle and not chunks:
+                self.on_release(seq)
+
+
+def _by_lookahead(chunks: list[Chunk]) -> dict[tuple[int, int], list[Chunk]]:
+    groups: dict[tuple[int, int], list[Chunk]] = defaultdict(list)
+    for c in chunks:
+        groups[c.seq.lookahead].append(c)
+    return groups
