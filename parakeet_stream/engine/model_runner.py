@@ -46,9 +46,9 @@ class ModelRunner:
         self._decode_q: queue.Queue = queue.Queue()
         self._stopped = False
         self._threads = [
-            threading.Thread(target=self._loop, args=(self._pre_encode_wait, self.pre_encode), name="pre-encode", daemon=True),
+            threading.Thread(target=self._loop, args=(self._pre_encode_wait, "pre_encode"), name="pre-encode", daemon=True),
             threading.Thread(target=self._encode_loop, name="encode", daemon=True),
-            threading.Thread(target=self._loop, args=(self._decode_wait, self.decode), name="decode", daemon=True),
+            threading.Thread(target=self._loop, args=(self._decode_wait, "decode"), name="decode", daemon=True),
         ]
 
     # --- lifecycle -------------------------------------------------------------------
@@ -78,14 +78,14 @@ class ModelRunner:
             self.on_release(seq)
 
     # --- thread loops --------------------------------------------------------------------
-    def _loop(self, wait: Callable, work: Callable) -> None:
+    def _loop(self, wait: Callable, stage: str) -> None:
         while True:
             batch = wait()
             if batch is _STOP:
                 return
             try:
                 with torch.inference_mode():
-                    work(batch)
+                    getattr(self, stage)(batch)
             except Exception as exc:  # noqa: BLE001 - a model fault must not kill the thread
                 self._fail(batch, exc)
 
@@ -207,6 +207,7 @@ class ModelRunner:
             utterance_end=self._utterance_end(seq, ids, frames),
             start=frames[0] * fs if frames else None,
             end=frames[-1] * fs if frames else None,
+            token_times=[f * fs for f in frames],
             audio_seconds=seq.frames_decoded * fs,
             latency=time.monotonic() - chunk.ready_at if chunk.encoded is not None else None,
         )

@@ -34,6 +34,7 @@ class StreamResult:
     utterance_end: bool = False
     start: float | None = None
     end: float | None = None
+    token_times: list[float] = field(default_factory=list)  # stream seconds of each new token's frame
     audio_seconds: float = 0.0
     latency: float | None = None
     error: str | None = None
@@ -42,6 +43,7 @@ class StreamResult:
         """Fold a later result into this one (used when a client falls behind)."""
         self.token_ids += later.token_ids
         self.text += later.text
+        self.token_times += later.token_times
         self.is_final |= later.is_final
         self.utterance_end |= later.utterance_end
         self.start = self.start if self.start is not None else later.start

@@ -1,0 +1,146 @@
+"""`parakeet-transcribe`: transcribe audio files through the cache-aware streaming engine.
+
+Every file becomes a stream of the engine, fed in chunk-sized packets; many files are
+decoded together in the engine's batches. `--offline` runs the whole-utterance forward
+instead, for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .audio import AudioError, read_audio
+from .engine import ASREngine
+from .model import ModelNotFound, ParakeetModel
+
+
+@dataclass
+class Transcript:
+    file: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    token_times: list[float] = field(default_factory=list)
+    utterances: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def as_json(self) -> str:
+        return json.dumps({k: v for k, v in self.__dict__.items() if v is not None}, ensure_ascii=False)
+
+
+def parse_lookahead(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        left, right = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected L,R such as 70,1, got {text!r}") from None
+    return left, right
+
+
+def transcribe_streaming(engine: ASREngine, audios: dict[str, np.ndarray], lookahead=None) -> dict[str, Transcript]:
+    """Feed every file as its own stream, all at once; the engine queues what does not fit."""
+    packet = int(engine.chunk_seconds(lookahead) * engine.sample_rate)
+    out = {name: Transcript(name) for name in audios}
+    sids = {}
+    for name, audio in audios.items():
+        sid = engine.create_stream(lookahead)
+        for i in range(0, len(audio), packet):
+            engine.push_audio(sid, audio[i : i + packet])
+        engine.finalize(sid)
+        sids[name] = sid
+    for name, sid in sids.items():
+        _collect(engine, sid, out[name])
+    return out
+
+
+def _collect(engine: ASREngine, sid: int, t: Transcript) -> None:
+    utterance = ""
+    while True:
+        engine.wait_for_update(sid, timeout=1.0)
+        for r in engine.collect(sid):
+            if r.error:
+                t.error = r.error
+            t.token_ids += r.token_ids
+            t.token_times += r.token_times
+            t.text += r.text
+            utterance += r.text
+            if r.utterance_end or r.is_final:
+                if utterance.strip():
+                    t.utterances.append(utterance.strip())
+                utterance = ""
+            if r.is_final:
+                t.text = t.text.strip()
+                return
+
+
+def transcribe_offline(model: ParakeetModel, audios: dict[str, np.ndarray], lookahead=None) -> dict[str, Transcript]:
+    """Whole-utterance forward with the same chunked-limited attention, files batched with padding."""
+    names = list(audios)
+    feats = [model.features(torch.from_numpy(audios[n]))[0] for n in names]
+    lengths = torch.tensor([f.size(0) for f in feats])
+    batch = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
+    with torch.inference_mode():
+        enc, enc_len = model.encoder(batch, lengths, lookahead)
+        state = model.decoder.initial_state(len(names))
+        emission, _ = model.decoder.decode(enc, enc_len, state)
+    out = {}
+    for name, toks in zip(names, emission.per_stream(len(names))):
+        ids = [tok for tok, _ in toks]
+        out[name] = Transcript(name, ids, model.tokenizer.decode(ids).strip())
+    return out
+
+
+def load_audios(files: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Transcript]]:
+    audios, failed = {}, {}
+    for f in files:
+        try:
+            audios[f] = read_audio(f)
+        except AudioError as exc:
+            failed[f] = Transcript(f, error=str(exc))
+    return audios, failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="parakeet-transcribe", description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", metavar="FILE")
+    ap.add_argument("--model", default="demo", help="model folder, or demo / small / large (default: demo)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--att-context-size", type=parse_lookahead, default=None, help="lookahead mode L,R (default: the model's first)")
+    ap.add_argument("--offline", action="store_true", help="whole-utterance forward instead of streaming")
+    ap.add_argument("--json", action="store_true", help="one JSON object per file per line")
+    ap.add_argument("--max-num-streams", type=int, default=32, help="files decoded together")
+    args = ap.parse_args(argv)
+    try:
+        model = ParakeetModel.from_dir(args.model, args.device)
+        lookahead = model.encoder.check_lookahead(args.att_context_size)
+    except (ModelNotFound, ValueError) as exc:
+        print(f"parakeet-transcribe: error: {exc}", file=sys.stderr)
+        return 2
+    audios, results = load_audios(args.files)
+    if audios and args.offline:
+        results.update(transcribe_offline(model, audios, lookahead))
+    elif audios:
+        with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(audios)) as engine:
+            results.update(transcribe_streaming(engine, audios, lookahead))
+    for f in args.files:
+        _print(results[f], args.json)
+    return 1 if any(r.error for r in results.values()) else 0
+
+
+def _print(t: Transcript, as_json: bool) -> None:
+    if as_json:
+        print(t.as_json(), flush=True)
+    elif t.error:
+        print(f"{t.file}: error: {t.error}", file=sys.stderr)
+    else:
+        print(f"{t.file}: {t.text}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs everything the tests need into .venv (and system packages when root) and runs them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    missing=$(for p in espeak-ng; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
+    if [ -n "$missing" ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+    fi
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e '.[test]'
+exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,168 @@
+"""ASREngine: cross-stream batching, slot reuse, lifecycle edge cases and fault isolation."""
+
+from __future__ import annotations
+
+import gc
+import resource
+import threading
+
+import numpy as np
+import pytest
+
+from helpers import collect_until_final, run_stream, tokens_of, varied_audios
+from parakeet_stream.engine import ASREngine, EngineError, QueueFull
+
+
+def test_32_streams_random_packets_match_solo(eou_model, wavs):
+    audios = varied_audios(wavs, 32)
+    with ASREngine(eou_model, max_num_streams=32) as engine:
+        solo = [tokens_of(run_stream(engine, a)) for a in audios]
+        assert sum(len(s) for s in solo) > 32, "fixture model should emit tokens"
+        rng = np.random.default_rng(7)
+        sids = [engine.create_stream() for _ in audios]
+        offsets = [0] * len(audios)
+        open_streams = list(range(len(audios)))
+        while open_streams:
+            i = open_streams[rng.integers(len(open_streams))]
+            n = int(rng.integers(16, 8000))  # 1 ms .. 500 ms
+            engine.push_audio(sids[i], audios[i][offsets[i] : offsets[i] + n])
+            offsets[i] += n
+            if offsets[i] >= len(audios[i]):
+                engine.finalize(sids[i])
+                open_streams.remove(i)
+        together = [tokens_of(collect_until_final(engine, sid)) for sid in sids]
+    assert together == solo
+
+
+def test_modes_batched_per_lookahead_match_solo(nemotron_model, wavs):
+    audios = varied_audios(wavs, 8)
+    modes = nemotron_model.cfg.encoder.att_context_sizes
+    with ASREngine(nemotron_model, max_num_streams=8) as engine:
+        solo = [tokens_of(run_stream(engine, a, modes[i % len(modes)])) for i, a in enumerate(audios)]
+        sids = [engine.create_stream(modes[i % len(modes)]) for i in range(len(audios))]
+        for step in range(0, max(len(a) for a in audios), 1600):
+            for sid, a in zip(sids, audios):
+                if step < len(a):
+                    engine.push_audio(sid, a[step : step + 1600])
+        for sid in sids:
+            engine.finalize(sid)
+        assert [tokens_of(collect_until_final(engine, sid)) for sid in sids] == solo
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def test_slot_reused_1000_times_leaks_nothing(eou_model, wavs):
+    audio = wavs["sentence"][:8000]
+    with ASREngine(eou_model, max_num_streams=1) as fresh:
+        expected = tokens_of(run_stream(fresh, wavs["sentence"]))
+    with ASREngine(eou_model, max_num_streams=1) as engine:
+        for _ in range(20):
+            run_stream(engine, audio)
+        gc.collect()
+        threads, rss = threading.active_count(), _rss_mb()
+        for _ in range(980):
+            run_stream(engine, audio)
+        gc.collect()
+        assert threading.active_count() == threads
+        assert _rss_mb() - rss < 30
+        assert tokens_of(run_stream(engine, wavs["sentence"])) == expected
+        assert engine.stats()["free_slots"] == 1
+
+
+def test_finalize_without_audio_and_twice(eou_model):
+    with ASREngine(eou_model, max_num_streams=2) as engine:
+        sid = engine.create_stream()
+        engine.finalize(sid)
+        engine.finalize(sid)
+        results = collect_until_final(engine, sid)
+        assert [r.is_final for r in results] == [True]
+        assert results[0].token_ids == [] and results[0].error is None
+        assert engine.stats()["free_slots"] == 2
+
+
+def test_push_after_finalize_is_a_clear_error(eou_model, wavs):
+    with ASREngine(eou_model) as engine:
+        sid = engine.create_stream()
+        engine.push_audio(sid, wavs["sentence"][:4000])
+        engine.finalize(sid)
+        with pytest.raises(EngineError) as err:
+            engine.push_audio(sid, wavs["sentence"][:100])
+        assert err.value.code == "stream_closed"
+        collect_until_final(engine, sid)
+
+
+def test_bad_samples_and_lookahead_rejected(eou_model):
+    with ASREngine(eou_model) as engine:
+        sid = engine.create_stream()
+        with pytest.raises(ValueError):
+            engine.push_audio(sid, np.array([0.0, np.nan], dtype=np.float32))
+        with pytest.raises(EngineError) as err:
+            engine.create_stream((70, 13))
+        assert err.value.code == "bad_lookahead"
+        engine.cancel(sid)
+
+
+def test_cancel_mid_chunk_frees_slot(eou_model, wavs):
+    with ASREngine(eou_model, max_num_streams=1) as engine:
+        sid = engine.create_stream()
+        engine.push_audio(sid, wavs["sentence"][:5000])  # not a whole number of chunks
+        engine.cancel(sid)
+        second = engine.create_stream()
+        assert engine.queue_position(second) == 0
+        assert tokens_of(run_stream(engine, wavs["noise"])) == tokens_of(run_stream(engine, wavs["noise"]))
+        engine.cancel(second)
+
+
+def test_more_streams_than_slots_queue_in_order(eou_model, wavs):
+    with ASREngine(eou_model, max_num_streams=2, max_queue=3) as engine:
+        sids = [engine.create_stream() for _ in range(5)]
+        assert [engine.queue_position(s) for s in sids] == [0, 0, 1, 2, 3]
+        with pytest.raises(QueueFull):
+            engine.create_stream()
+        admitted_order = []
+        for sid in sids:
+            engine.push_audio(sid, wavs["sentence"][:6000])
+            engine.finalize(sid)
+        done = set()
+        while len(done) < len(sids):
+            for sid in sids:
+                if sid in done:
+                    continue
+                if engine.queue_position(sid) == 0 and sid not in admitted_order:
+                    admitted_order.append(sid)
+                if any(r.is_final for r in engine.collect(sid)):
+                    done.add(sid)
+            engine.wait_for_update(sids[-1], timeout=0.05)
+        assert admitted_order == sids
+        assert engine.stats() | {"audio_seconds": 0} == {
+            "active": 0, "queued": 0, "free_slots": 2, "max_num_streams": 2, "audio_seconds": 0,
+        }
+
+
+@pytest.mark.parametrize("stage", ["pre_encode", "encode", "decode"])
+def test_worker_exception_fails_only_that_batch(eou_model, wavs, stage):
+    audios = varied_audios(wavs, 4)
+    with ASREngine(eou_model, max_num_streams=4) as engine:
+        expected = [tokens_of(run_stream(engine, a)) for a in audios]
+        runner = engine.runner
+        real = getattr(runner, stage)
+        poisoned: set[int] = set()
+
+        def faulty(batch):
+            ids = {getattr(x, "seq", x).stream_id for x in batch}
+            if ids & poisoned:
+                raise RuntimeError("injected fault")
+            return real(batch)
+
+        setattr(runner, stage, faulty)
+        bad = engine.create_stream()
+        poisoned.add(bad)
+        engine.push_audio(bad, audios[0])
+        engine.finalize(bad)
+        bad_results = collect_until_final(engine, bad)
+        assert bad_results[-1].error == "inference_error" and bad_results[-1].is_final
+        assert [tokens_of(run_stream(engine, a)) for a in audios] == expected
+        assert engine.stats()["free_slots"] == 4
