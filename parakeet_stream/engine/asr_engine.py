@@ -66,6 +66,7 @@ class ASREngine:
         lookahead: Lookahead | None = None,
         endpoint_seconds: float = 0.8,
         dtype: torch.dtype = torch.float32,
+        max_batch: int | None = None,
     ):
         self.device = torch.device(device)
         if not isinstance(model, ParakeetModel):
@@ -75,7 +76,7 @@ class ASREngine:
         if max_num_streams == "auto":
             max_num_streams = auto_num_streams(model, self.device, dtype)
         self.scheduler = Scheduler(model, int(max_num_streams), max_queue, self.device, dtype)
-        self.runner = ModelRunner(model, self.scheduler, self._on_release, endpoint_seconds)
+        self.runner = ModelRunner(model, self.scheduler, self._on_release, endpoint_seconds, max_batch)
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()

@@ -32,8 +32,10 @@ class ModelRunner:
         scheduler: Scheduler,
         on_release: Callable[[Sequence], None],
         endpoint_seconds: float = 0.8,
+        max_batch: int | None = None,
     ):
         self.model = model
+        self.max_batch = max_batch
         self.scheduler = scheduler
         self.on_release = on_release
         self.endpoint_frames = max(1, round(endpoint_seconds / model.frame_seconds))
@@ -140,7 +142,7 @@ class ModelRunner:
                 cut.append(Chunk(seq, None, 0, 0, time.monotonic(), last=True))
             chunks += cut
         real = [c for c in chunks if c.window is not None]
-        for group in _by_lookahead(real).values():
+        for group in self._batches(real):
             self._pre_encode_group(group)
         with self._flight:
             chunks = [c for c in chunks if not c.seq.cancelled]
@@ -161,7 +163,7 @@ class ModelRunner:
     def encode(self, chunks: list[Chunk]) -> None:
         live = self._drop_dead(chunks)
         real = [c for c in live if c.x is not None]
-        for group in _by_lookahead(real).values():
+        for group in self._batches(real):
             idx = torch.tensor([c.seq.slot for c in group], device=self.device)
             cache = self.scheduler.cache.gather(idx)
             x = torch.stack([c.x for c in group])
@@ -175,16 +177,15 @@ class ModelRunner:
 
     def decode(self, chunks: list[Chunk]) -> None:
         live = self._drop_dead(chunks)
-        real = [c for c in live if c.encoded is not None]
         found: dict[int, list[tuple[int, int]]] = {}
-        if real:
-            idx = torch.tensor([c.seq.slot for c in real], device=self.device)
+        for group in self._batches([c for c in live if c.encoded is not None], by_mode=False):
+            idx = torch.tensor([c.seq.slot for c in group], device=self.device)
             pool = self.scheduler.decoder
-            enc = torch.stack([c.encoded for c in real])
-            lens = torch.tensor([c.x_len for c in real], device=self.device)
+            enc = torch.nn.utils.rnn.pad_sequence([c.encoded for c in group], batch_first=True)
+            lens = torch.tensor([c.x_len for c in group], device=self.device)
             emission, state = self.model.decoder.decode(enc, lens, pool.select(idx))
             pool.h[:, idx], pool.c[:, idx], pool.g[idx] = state.h, state.c, state.g
-            found = {id(c): toks for c, toks in zip(real, emission.per_stream(len(real)))}
+            found.update({id(c): toks for c, toks in zip(group, emission.per_stream(len(group)))})
         for c in live:
             self._publish(c, found.get(id(c), []))
             self._chunk_done(c)
@@ -262,8 +263,10 @@ class ModelRunner:
                 self.on_release(seq)
 
 
-def _by_lookahead(chunks: list[Chunk]) -> dict[tuple[int, int], list[Chunk]]:
-    groups: dict[tuple[int, int], list[Chunk]] = defaultdict(list)
-    for c in chunks:
-        groups[c.seq.lookahead].append(c)
-    return groups
+    def _batches(self, chunks: list[Chunk], by_mode: bool = True) -> list[list[Chunk]]:
+        """Chunks grouped by lookahead mode (shapes differ between modes), at most max_batch each."""
+        groups: dict = defaultdict(list)
+        for c in chunks:
+            groups[c.seq.lookahead if by_mode else None].append(c)
+        size = self.max_batch or max(1, len(chunks))
+        return [g[i : i + size] for g in groups.values() for i in range(0, len(g), size)]

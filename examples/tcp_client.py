@@ -1,0 +1,42 @@
+"""Stream a WAV file over raw TCP (newline-delimited JSON) with only the standard library
+and numpy, the way original parakeet-streaming clients do.
+
+    python examples/tcp_client.py audio.wav [host] [port]
+"""
+import base64
+import json
+import socket
+import sys
+
+from parakeet_stream.audio import read_audio  # any 16 kHz mono float32 source will do
+
+PACKET_SAMPLES = 1600  # 100 ms
+
+
+def main(path: str, host: str = "127.0.0.1", port: str = "8765") -> None:
+    samples = read_audio(path)
+    pcm16 = (samples.clip(-1, 1) * 32767).astype("<i2").tobytes()
+    with socket.create_connection((host, int(port))) as sock:
+        lines = sock.makefile("rwb")
+        for i in range(0, len(pcm16), 2 * PACKET_SAMPLES):
+            chunk = base64.b64encode(pcm16[i : i + 2 * PACKET_SAMPLES]).decode()
+            send(lines, {"type": "audio", "data": chunk, "encoding": "pcm16", "final": False})
+        send(lines, {"type": "audio", "data": "", "encoding": "pcm16", "final": True})
+        for line in lines:
+            message = json.loads(line)
+            if message["type"] == "result":
+                print(f"\r{message['text']}", end="", flush=True)
+                if message["is_final"]:
+                    print()
+                    break
+            elif message["type"] == "error":
+                print(f"\nerror {message['code']}: {message['message']}", file=sys.stderr)
+
+
+def send(lines, message: dict) -> None:
+    lines.write(json.dumps(message).encode() + b"\n")
+    lines.flush()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,40 @@
+"""Stream a WAV file at real time over WebSocket with parakeet_stream.client, at the
+file's own sample rate (the server resamples), printing each caption as it arrives.
+
+    python examples/ws_client.py audio.wav [ws://127.0.0.1:8000/]
+"""
+import sys
+
+import soundfile as sf
+import trio
+
+from parakeet_stream.client import connect, send_paced
+
+
+async def main(path: str, url: str = "ws://127.0.0.1:8000/") -> None:
+    samples, rate = sf.read(path, dtype="float32", always_2d=True)
+    samples = samples.mean(axis=1)
+    async with connect(url, sample_rate=rate) as stream, trio.open_nursery() as nursery:
+        nursery.start_soon(send_paced, stream, samples, rate, 0.1, True)
+        while (message := await stream.receive()) is not None:
+            show(message)
+            if message.get("is_final"):
+                break
+        nursery.cancel_scope.cancel()
+
+
+def show(message: dict) -> None:
+    if message["type"] == "queued":
+        print(f"queued at {message['position']}, about {message['estimated_wait_s']} s")
+    elif message["type"] == "result" and message["is_final"]:
+        print("\nfinal:", message["text"])
+    elif message["type"] == "result":
+        print(message["delta"], end="", flush=True)
+        if message["utterance_end"]:
+            print("  [end of utterance]")
+    elif message["type"] == "error":
+        print(f"error {message['code']}: {message['message']}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    trio.run(main, *sys.argv[1:3])

@@ -1,0 +1,97 @@
+"""Listeners for TCP, WebSocket and HTTP; graceful drain on shutdown."""
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import trio
+from trio_websocket import WebSocketRequest, WebSocketServer
+
+from .context import ServerContext
+from .http import handle_http
+from .native import NativeSession
+from .tcp import TcpChannel
+from .websocket import handle_request
+
+log = logging.getLogger(__name__)
+
+DRAIN_POLL_S = 0.05
+# Per-connection kernel send buffer (accepted sockets inherit it from the listener): bounds
+# what a client that stops reading can pile up before the send timeout notices.
+SEND_BUFFER_BYTES = 256 * 1024
+
+
+async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve until `ctx.shutdown` is set, then drain the connections and return.
+
+    Reports {"tcp": port, "ws": port, "http": port} through `task_status` once listening.
+    """
+    config = ctx.config
+    async with trio.open_nursery() as handlers:
+        tcp = await open_listeners(config.host, config.tcp_port)
+        ws = await open_listeners(config.host, config.ws_port)
+        http = await open_listeners(config.host, config.http_port)
+        config.ports = {"tcp": _port(tcp), "ws": _port(ws), "http": _port(http)}
+        handlers.start_soon(
+            partial(trio.serve_listeners, _guarded(partial(handle_http, ctx)), http, handler_nursery=handlers)
+        )
+        async with trio.open_nursery() as accepting:
+            accepting.start_soon(
+                partial(trio.serve_listeners, _guarded(partial(_tcp, ctx)), tcp, handler_nursery=handlers)
+            )
+            websockets = WebSocketServer(
+                _guarded(partial(handle_request, ctx)),
+                ws,
+                handler_nursery=handlers,
+                max_message_size=config.max_message_bytes,
+                connect_timeout=config.handshake_timeout,
+                disconnect_timeout=1,
+            )
+            accepting.start_soon(websockets.run)
+            task_status.started(config.ports)
+            await ctx.shutdown.wait()
+            accepting.cancel_scope.cancel()  # stop accepting; sessions see the shutdown too
+        await _drain(ctx)
+        handlers.cancel_scope.cancel()
+
+
+async def open_listeners(host: str, port: int) -> list[trio.SocketListener]:
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    if port == 0 and len(listeners) > 1:  # one address family each got its own free port
+        for extra in listeners[1:]:
+            await extra.aclose()
+        listeners = listeners[:1]
+    for listener in listeners:
+        listener.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+    return listeners
+
+
+async def _tcp(ctx: ServerContext, stream: trio.SocketStream) -> None:
+    channel = TcpChannel(stream, ctx.config.max_message_bytes, ctx.config.send_timeout)
+    await NativeSession(ctx, channel, {}).run()
+
+
+async def _drain(ctx: ServerContext) -> None:
+    with trio.move_on_after(ctx.config.drain_timeout):
+        while ctx.open_sessions:
+            await trio.sleep(DRAIN_POLL_S)
+    if ctx.open_sessions:
+        log.warning("drain timeout: closing %d connections", ctx.open_sessions)
+
+
+def _guarded(handler: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """A failing connection must never take the listeners down."""
+
+    async def run(conn: trio.SocketStream | WebSocketRequest) -> None:
+        try:
+            await handler(conn)
+        except Exception:
+            log.exception("connection handler failed")
+
+    return run
+
+
+def _port(listeners: list[trio.SocketListener]) -> int:
+    return listeners[0].socket.getsockname()[1]

@@ -1,0 +1,130 @@
+"""`parakeet-serve`: the streaming ASR server."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+import trio
+
+from ..engine import ASREngine
+from .app import serve
+from .codes import ProtocolError
+from .config import ServerConfig
+from .context import ServerContext
+from .messages import parse_lookahead
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="parakeet-serve", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: everywhere)")
+    p.add_argument("--port", type=int, default=8765, help="raw TCP port, newline-delimited JSON (0: any free)")
+    p.add_argument("--ws-port", type=int, default=8000, help="WebSocket port: native protocol and /v1/realtime")
+    p.add_argument("--http-port", type=int, default=8080, help="HTTP port: /health, /ready, /metrics")
+    p.add_argument("--model", default="demo", help="demo, small, large, or a converted model folder")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    p.add_argument("--max-num-streams", default="64", type=_slots, help="engine slots: a number or 'auto'")
+    p.add_argument("--max-queue", type=int, default=256, help="streams that may wait for a slot")
+    p.add_argument("--lookahead", type=_lookahead, default=None, help="default mode 'L,R', e.g. 70,1")
+    p.add_argument("--max-stream-seconds", type=float, default=3600.0, help="audio per stream (0: no limit)")
+    p.add_argument("--idle-timeout", type=float, default=30.0, help="close a silent connection after this")
+    p.add_argument("--send-timeout", type=float, default=5.0, help="close a client that stops reading after this")
+    p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest line or WebSocket message")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="shutdown: wait this long for final results")
+    p.add_argument("--api-key", default=None, help="require this key (Bearer header, ?api_key=, TCP first message)")
+    p.add_argument("--allowed-origins", default="*", help="comma-separated WebSocket Origins, or *")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _slots(value: str) -> int | str:
+    return value if value == "auto" else int(value)
+
+
+def _lookahead(value: str) -> tuple[int, int]:
+    try:
+        return parse_lookahead(value)
+    except ProtocolError:
+        raise argparse.ArgumentTypeError("expected 'L,R', e.g. 70,1") from None
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        host=args.host,
+        tcp_port=args.port,
+        ws_port=args.ws_port,
+        http_port=args.http_port,
+        api_key=args.api_key,
+        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
+        max_message_bytes=args.max_message_bytes,
+        max_stream_seconds=args.max_stream_seconds or None,
+        idle_timeout=args.idle_timeout,
+        send_timeout=args.send_timeout,
+        drain_timeout=args.drain_timeout,
+        model_name=args.model,
+    )
+
+
+def print_config(args: argparse.Namespace) -> None:
+    print("parakeet-serve configuration:")
+    for name, value in sorted(vars(args).items()):
+        if name == "api_key":
+            value = "set" if value else "none"
+        print(f"  {name} = {value}")
+    sys.stdout.flush()
+
+
+async def run(ctx: ServerContext) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, ctx, nursery.cancel_scope)
+        ports = await nursery.start(_serve_then_stop, ctx, nursery.cancel_scope)
+        host = ctx.config.host
+        print(
+            f"parakeet-serve ready: tcp://{host}:{ports['tcp']} ws://{host}:{ports['ws']} "
+            f"http://{host}:{ports['http']}",
+            flush=True,
+        )
+
+
+async def _serve_then_stop(
+    ctx: ServerContext, scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
+    await serve(ctx, task_status=task_status)  # returns once drained
+    scope.cancel()
+
+
+async def _watch_signals(ctx: ServerContext, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            if ctx.shutdown.is_set():  # a second signal: stop without waiting
+                scope.cancel()
+                return
+            logging.getLogger(__name__).info("%s: draining", signal.Signals(signum).name)
+            ctx.shutdown.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    print_config(args)
+    engine = ASREngine(
+        model=args.model,
+        device=args.device,
+        max_num_streams=args.max_num_streams,
+        max_queue=args.max_queue,
+        lookahead=args.lookahead,
+    )
+    with engine:
+        trio.run(_main, engine, server_config(args))
+    return 0
+
+
+async def _main(engine: ASREngine, config: ServerConfig) -> None:
+    await run(ServerContext.create(engine, config))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

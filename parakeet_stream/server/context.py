@@ -1,0 +1,31 @@
+"""State shared by every connection of one server."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from .admission import WaitEstimator
+from .config import ServerConfig
+from .metrics import Metrics
+
+if TYPE_CHECKING:
+    from ..engine import ASREngine
+
+
+@dataclass
+class ServerContext:
+    engine: ASREngine
+    config: ServerConfig
+    metrics: Metrics
+    estimator: WaitEstimator = field(default_factory=WaitEstimator)
+    shutdown: trio.Event = field(default_factory=trio.Event)
+    open_sessions: int = 0
+
+    @classmethod
+    def create(cls, engine: ASREngine, config: ServerConfig) -> ServerContext:
+        return cls(engine=engine, config=config, metrics=Metrics(engine))
+
+    def ready(self) -> bool:
+        return not self.shutdown.is_set() and self.engine.stats()["free_slots"] > 0

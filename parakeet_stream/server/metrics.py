@@ -1,0 +1,62 @@
+"""Prometheus metrics: engine gauges read at scrape time, plus server-side series."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from ..engine import ASREngine
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
+FINAL_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class EngineCollector:
+    def __init__(self, engine: ASREngine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine.stats()
+        yield GaugeMetricFamily("parakeet_active_streams", "Streams holding an engine slot", stats["active"])
+        yield GaugeMetricFamily("parakeet_queued_streams", "Streams waiting for a slot", stats["queued"])
+        yield GaugeMetricFamily("parakeet_free_slots", "Engine slots free", stats["free_slots"])
+        yield GaugeMetricFamily("parakeet_max_num_streams", "Engine slots in all", stats["max_num_streams"])
+        yield CounterMetricFamily(
+            "parakeet_audio_seconds", "Seconds of audio processed by the engine", stats["audio_seconds"]
+        )
+
+
+class Metrics:
+    def __init__(self, engine: ASREngine) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(engine))
+        self.chunk_latency = Histogram(
+            "parakeet_chunk_latency_seconds",
+            "From the arrival of the last sample a chunk needs to its result being sent",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.time_to_final = Histogram(
+            "parakeet_time_to_final_seconds",
+            "From the client's final/close to the final result being sent",
+            buckets=FINAL_BUCKETS,
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "parakeet_errors", "Errors reported to clients, by code", ["code"], registry=self.registry
+        )
+        self.connections = Gauge(
+            "parakeet_connections", "Open client connections", ["protocol"], registry=self.registry
+        )
+        self.streams = Counter(
+            "parakeet_streams", "Engine streams opened", ["protocol"], registry=self.registry
+        )
+
+    def error(self, code: str) -> None:
+        self.errors.labels(code).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,167 @@
+"""The native protocol (a superset of the original parakeet-streaming protocol)."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from .. import audio
+from . import jsonio, messages
+from .auth import key_ok
+from .channel import Channel
+from .codes import ProtocolError
+from .context import ServerContext
+from .messages import Audio, Close, Ping, Start, StreamConfig
+from .pcm import decode_bytes
+from .session import Session
+from .stream import EngineStream
+
+PROTOCOL_VERSION = 2
+
+
+class NativeSession(Session):
+    def __init__(self, ctx: ServerContext, channel: Channel, query: dict[str, str]) -> None:
+        super().__init__(ctx, channel)
+        self.protocol = channel.transport
+        self._query = query
+        self.declared = StreamConfig()
+        self._first = True
+        self._hello_sent = False
+        # TCP has no handshake: with an API key, the first message must carry it
+        self._key_pending = ctx.config.api_key is not None and channel.transport == "tcp"
+
+    @property
+    def encoding(self) -> str:
+        return self.declared.encoding or "pcm16"
+
+    async def on_open(self) -> None:
+        self.declared = messages.parse_config(self._query)
+        if not self._key_pending:
+            self._open()
+
+    def _open(self) -> None:
+        rate = self.declared.sample_rate or audio.SAMPLE_RATE
+        self.stream = self.open_stream(self.declared.lookahead, rate)
+
+    def split(self, frame: str | bytes) -> Iterable[str | bytes]:
+        # the original server accepted several newline-separated messages per frame
+        if isinstance(frame, str) and "\n" in frame:
+            return [line for line in frame.splitlines() if line.strip()]
+        return (frame,)
+
+    async def on_unit(self, unit: str | bytes) -> None:
+        obj = _sniff_json(unit) if isinstance(unit, bytes) else jsonio.loads(unit)
+        first, self._first = self._first, False
+        if obj is None:  # a binary frame of raw audio in the declared encoding
+            await self._audio(Audio(decode_bytes(unit, self.encoding), False))
+            return
+        if first and await self._first_message(obj):
+            return
+        message = messages.parse(obj, self.encoding)
+        if isinstance(message, Start):
+            raise ProtocolError("bad_state", "start/config is only accepted as the first message")
+        await self._dispatch(message)
+
+    async def _first_message(self, obj: Any) -> bool:
+        """Authenticate and apply a start/config; True when the message is consumed."""
+        fields = obj if isinstance(obj, dict) else {}
+        if self._key_pending and not key_ok(self.config.api_key, fields.get("api_key")):
+            raise ProtocolError("unauthorized", "a valid API key is required")
+        self._key_pending = False
+        if fields.get("type") not in messages.START_TYPES:
+            if self.stream is None:
+                self._open()
+            return False
+        await self._start(messages.parse_config(fields))
+        return True
+
+    async def _start(self, config: StreamConfig) -> None:
+        updates = {k: v for k, v in vars(config).items() if v is not None}
+        self.declared = replace(self.declared, **updates)
+        stream = self.stream
+        if stream is not None and self._lookahead() != stream.lookahead:
+            stream.release()  # nothing was pushed yet: reopen with the requested mode
+            stream = None
+        if stream is None:
+            self._open()
+        else:
+            stream.set_input_rate(self.declared.sample_rate or audio.SAMPLE_RATE)
+        await self.send({"type": "started", **self._stream_info(self.stream)})
+
+    def _lookahead(self) -> tuple[int, int]:
+        return tuple(self.declared.lookahead or self.ctx.engine.default_lookahead)
+
+    async def _dispatch(self, message: Audio | Close | Ping) -> None:
+        if isinstance(message, Ping):
+            await self.send(messages.PONG)
+        elif isinstance(message, Close):
+            self.stream.finalize()
+        else:
+            await self._audio(message)
+
+    async def _audio(self, message: Audio) -> None:
+        stream = self.stream
+        if message.samples is not None and len(message.samples):
+            await self.push(stream, message.samples)
+        if message.final:
+            stream.finalize()
+
+    async def on_admitted(self, stream: EngineStream) -> None:
+        if not self._hello_sent:
+            self._hello_sent = True
+            await self.send({"type": "hello", **self._stream_info(stream)})
+
+    def _stream_info(self, stream: EngineStream) -> dict:
+        return {
+            "stream_id": stream.sid,
+            "sample_rate": stream.input_rate,
+            "model_sample_rate": self.ctx.engine.sample_rate,
+            "encoding": self.encoding,
+            "lookahead": list(stream.lookahead),
+            "chunk_seconds": self.ctx.engine.chunk_seconds(stream.lookahead),
+            "model": self.config.model_name,
+            "protocol_version": PROTOCOL_VERSION,
+        }
+
+    async def on_result(self, stream: EngineStream, result, text: str) -> None:
+        if result.error:
+            await self.send(messages.error(result.error, "inference failed for this stream"))
+        await self.send(_result_message(stream, result, text))
+
+    async def on_stream_done(self, stream: EngineStream, error: str | None) -> None:
+        if error:
+            self.end(error)
+        elif self.pending_end:
+            self.end_after_final(self.pending_end)
+        else:
+            self.end("completed")
+
+
+def _result_message(stream: EngineStream, result, text: str) -> dict:
+    message = {
+        "type": "result",
+        "stream_id": stream.sid,
+        "text": text,  # the transcript so far, as in the original protocol
+        "delta": result.text,
+        "token_ids": result.token_ids,
+        "is_final": result.is_final,
+        "utterance_end": result.utterance_end,
+        "start": result.start,
+        "end": result.end,
+        "token_times": result.token_times,
+        "audio_seconds": result.audio_seconds,
+        "latency": result.latency,
+    }
+    if result.error:
+        message["error"] = result.error
+    return message
+
+
+def _sniff_json(frame: bytes) -> Any | None:
+    """Original clients may send JSON in binary frames; anything else is raw audio."""
+    if not frame.startswith(b"{"):
+        return None
+    try:
+        return jsonio.loads(frame)
+    except ProtocolError:
+        return None

@@ -1,0 +1,51 @@
+"""Decode client audio payloads into float32 samples, mapping failures to error codes."""
+from __future__ import annotations
+
+import binascii
+from typing import Any
+
+import numpy as np
+
+from .. import audio
+from .codes import ProtocolError
+
+DECODERS = {"pcm16": (2, audio.decode_pcm16), "f32": (4, audio.decode_f32)}
+ENCODINGS = tuple(DECODERS)
+
+
+def decode_base64(data: Any) -> bytes:
+    if not isinstance(data, str):
+        raise ProtocolError("invalid_field", "'data' must be a base64 string")
+    try:
+        return binascii.a2b_base64(data, strict_mode=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("invalid_base64", "'data' is not valid base64") from None
+
+
+def decode_bytes(raw: bytes, encoding: str) -> np.ndarray:
+    """Little-endian PCM16 or float32 bytes -> float32 samples."""
+    width, decode = DECODERS[encoding]
+    if len(raw) % width:
+        raise ProtocolError(
+            "invalid_audio_length", f"{encoding} audio needs a multiple of {width} bytes"
+        )
+    try:
+        return decode(raw)
+    except audio.AudioError:
+        raise ProtocolError("invalid_samples", "audio contains NaN or infinite samples") from None
+
+
+def decode_samples(samples: Any) -> np.ndarray:
+    """A JSON list of numbers -> float32 samples (strings, nesting, NaN/inf rejected)."""
+    try:
+        array = np.asarray(samples) if isinstance(samples, list) else None
+    except ValueError:  # ragged nesting
+        array = None
+    if array is None or array.ndim != 1 or (array.size and array.dtype.kind not in "fiu"):
+        raise ProtocolError("invalid_field", "'samples' must be a flat list of numbers")
+    with np.errstate(over="ignore"):
+        array = array.astype(np.float32)
+    try:
+        return audio.check_samples(array)
+    except audio.AudioError:
+        raise ProtocolError("invalid_samples", "audio contains NaN or infinite samples") from None

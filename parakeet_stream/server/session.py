@@ -1,0 +1,255 @@
+"""One client connection: a reader and a writer loop around (at most) one engine stream.
+
+Subclasses speak a protocol (native, realtime); this class owns admission, results
+delivery, back-pressure, timeouts, shutdown and the close policy.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable
+
+import numpy as np
+import trio
+
+from . import jsonio, messages
+from .channel import Channel, ChannelClosed, SlowConsumer
+from .codes import POLICIES, ProtocolError, ws_close_code
+from .context import ServerContext
+from .stream import EngineStream
+from .wakeup import Wakeup
+
+log = logging.getLogger(__name__)
+
+# close reasons after which nothing can be sent
+SILENT_ENDS = ("vanished", "slow_consumer")
+
+
+class Session:
+    protocol = "native"
+
+    def __init__(self, ctx: ServerContext, channel: Channel) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.channel = channel
+        self.wakeup = Wakeup()  # results or queue position changed
+        self.progress = Wakeup()  # the engine consumed audio
+        self.stream: EngineStream | None = None
+        self.pending_end: str | None = None  # close once the current stream's final is sent
+        self.end_reason: str | None = None
+        self._end_message: dict | None = None
+        self._nursery: trio.Nursery | None = None
+        self._reader_scope = trio.CancelScope()
+        self._idle_scope = trio.CancelScope()
+        self._last_position = 0
+
+    # -- protocol hooks ---------------------------------------------------------------
+    async def on_open(self) -> None:
+        """Before the first read (open a stream, apply URL parameters)."""
+
+    def split(self, frame: str | bytes) -> Iterable[str | bytes]:
+        return (frame,)
+
+    async def on_unit(self, unit: str | bytes) -> None:
+        raise NotImplementedError
+
+    async def on_admitted(self, stream: EngineStream) -> None:
+        raise NotImplementedError
+
+    async def on_result(self, stream: EngineStream, result, text: str) -> None:
+        raise NotImplementedError
+
+    async def on_stream_done(self, stream: EngineStream, error: str | None) -> None:
+        raise NotImplementedError
+
+    def error_message(self, code: str, message: str) -> dict:
+        return messages.error(code, message)
+
+    def closed_message(self, reason: str) -> dict | None:
+        return messages.closed(reason)
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def run(self) -> None:
+        self.ctx.open_sessions += 1
+        self.ctx.metrics.connections.labels(self.protocol).inc()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._guard, self._read_loop)
+                nursery.start_soon(self._guard, self._write_loop)
+                nursery.start_soon(self._watch_shutdown)
+        except Exception:
+            log.exception("connection handler failed")
+            self.end("internal_error", self.error_message("internal_error", "internal server error"))
+        finally:
+            with trio.CancelScope(shield=True):
+                self._retire(self.stream)
+                await self._close()
+            self.ctx.open_sessions -= 1
+            self.ctx.metrics.connections.labels(self.protocol).dec()
+
+    def end(self, reason: str, message: dict | None = None) -> None:
+        """Close the connection (first reason wins); `message` is sent before closing."""
+        if self.end_reason is None:
+            self.end_reason, self._end_message = reason, message
+            if reason in POLICIES:
+                self.ctx.metrics.error(reason)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def end_after_final(self, reason: str) -> None:
+        self.end(reason, self.closed_message(reason))
+
+    async def send(self, message: dict) -> None:
+        await self.channel.send(jsonio.dumps(message))
+
+    async def _guard(self, loop: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await loop()
+        except ChannelClosed:
+            self.end("vanished")
+        except SlowConsumer:
+            self.end("slow_consumer")
+        except ProtocolError as exc:
+            self.end(exc.code, self.error_message(exc.code, exc.message))
+
+    async def _close(self) -> None:
+        reason = self.end_reason or "vanished"
+        if reason in SILENT_ENDS:
+            await self.channel.abort()
+            return
+        try:
+            if self._end_message is not None:
+                with trio.fail_after(1):
+                    await self.send(self._end_message)
+        except (ChannelClosed, SlowConsumer, trio.TooSlowError):
+            await self.channel.abort()
+            return
+        await self.channel.close(reason, ws_close_code(reason))
+
+    # -- reading ----------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        with self._reader_scope:
+            await self.on_open()
+            while True:
+                try:
+                    frame = await self._receive()
+                except ChannelClosed:
+                    if self._half_closed_after_final():
+                        return
+                    raise
+                for unit in self.split(frame):
+                    await self._handle(unit)
+
+    async def _handle(self, unit: str | bytes) -> None:
+        try:
+            await self.on_unit(unit)
+        except ProtocolError as exc:
+            if exc.policy.closes:
+                raise
+            self.ctx.metrics.error(exc.code)
+            await self.send(self.error_message(exc.code, exc.message))
+
+    async def _receive(self) -> str | bytes:
+        with trio.CancelScope() as self._idle_scope:
+            self._arm_idle()
+            return await self.channel.receive()
+        raise ProtocolError("idle_timeout", f"no message for {self.config.idle_timeout:g} s")
+
+    def _arm_idle(self) -> None:
+        """(Re)start the idle clock; call whenever _idle_counts() may have changed."""
+        counts = self._idle_counts()
+        self._idle_scope.deadline = trio.current_time() + self.config.idle_timeout if counts else math.inf
+
+    def _idle_counts(self) -> bool:
+        """Idle time counts unless the client is waiting on us (queued, or final pending)."""
+        stream = self.stream
+        if stream is None:
+            return True
+        return not stream.finalized and stream.admitted_at is not None
+
+    def _half_closed_after_final(self) -> bool:
+        # A TCP client may shut down its sending side after its final and still read.
+        stream = self.stream
+        return self.channel.transport == "tcp" and stream is not None and stream.finalized
+
+    # -- audio ------------------------------------------------------------------------
+    def open_stream(self, lookahead: tuple[int, int] | None, input_rate: int) -> EngineStream:
+        stream = EngineStream(
+            self.ctx.engine, self.wakeup, lookahead, input_rate, self.config.max_stream_seconds
+        )
+        self.ctx.metrics.streams.labels(self.protocol).inc()
+        self._last_position = 0
+        return stream
+
+    async def push(self, stream: EngineStream, samples: np.ndarray) -> None:
+        while stream.backlog_seconds > self.config.max_backlog_seconds and not stream.finished:
+            await self.progress.wait()  # back-pressure: stop reading until the engine catches up
+        if stream.push(samples):
+            self.pending_end = "max_stream_seconds"
+
+    # -- writing ----------------------------------------------------------------------
+    async def _write_loop(self) -> None:
+        while True:
+            await self.wakeup.wait()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        stream = self.stream
+        if stream is None or stream.finished or not await self._admitted(stream):
+            return
+        if stream is not self.stream:  # replaced while we were sending (start message)
+            return
+        results = stream.collect()
+        collected_at = trio.current_time()
+        self.progress.set()
+        for result in results:
+            if result.latency is not None:  # the time spent here before sending counts too
+                result.latency += trio.current_time() - collected_at
+            text = stream.absorb(result)
+            await self.on_result(stream, result, text)
+            self._observe(stream, result)
+            if result.is_final:
+                self._retire(stream)
+                await self.on_stream_done(stream, result.error)
+                self._arm_idle()
+
+    async def _admitted(self, stream: EngineStream) -> bool:
+        if stream.admitted_at is not None:
+            return True
+        position = stream.position()
+        if position > 0:
+            if position != self._last_position:
+                self._last_position = position
+                slots = self.ctx.engine.stats()["max_num_streams"]
+                await self.send(messages.queued(position, self.ctx.estimator.estimate(position, slots)))
+            return False
+        stream.admitted_at = trio.current_time()
+        self._arm_idle()
+        await self.on_admitted(stream)
+        return True
+
+    def _observe(self, stream: EngineStream, result) -> None:
+        metrics = self.ctx.metrics
+        if result.latency is not None:
+            metrics.chunk_latency.observe(result.latency)
+        if result.is_final and stream.finalized_at is not None:
+            metrics.time_to_final.observe(trio.current_time() - max(stream.finalized_at, stream.admitted_at))
+
+    def _retire(self, stream: EngineStream | None) -> None:
+        """The stream is over (final collected, or the connection ends): free its slot."""
+        held = None if stream is None else stream.release()
+        if held is not None:
+            self.ctx.estimator.record_hold(held)
+
+    # -- shutdown ---------------------------------------------------------------------
+    async def _watch_shutdown(self) -> None:
+        await self.ctx.shutdown.wait()
+        self._reader_scope.cancel()
+        stream = self.stream
+        if stream is None or stream.finished or stream.position() > 0:
+            self.end_after_final("server_shutdown")
+            return
+        self.pending_end = "server_shutdown"
+        stream.finalize()
+        self.wakeup.set()

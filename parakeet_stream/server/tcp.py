@@ -1,0 +1,84 @@
+"""Newline-delimited JSON over a raw TCP stream."""
+from __future__ import annotations
+
+import trio
+
+from .channel import ChannelClosed, SlowConsumer
+from .codes import ProtocolError
+
+RECEIVE_BYTES = 65536
+
+
+class TcpChannel:
+    transport = "tcp"
+
+    def __init__(self, stream: trio.SocketStream, max_line: int, send_timeout: float) -> None:
+        self._stream = stream
+        self._max_line = max_line
+        self._send_timeout = send_timeout
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes of _buffer known to hold no newline
+        self._send_lock = trio.Lock()
+
+    async def receive(self) -> str:
+        while True:
+            line = self._next_line()
+            if line is None:
+                await self._fill()
+            elif line.strip():
+                return _text(line)
+
+    def _next_line(self) -> bytes | None:
+        end = self._buffer.find(b"\n", self._scanned)
+        if end < 0:
+            self._scanned = len(self._buffer)
+            if self._scanned > self._max_line:
+                raise ProtocolError("message_too_large", f"a line exceeds {self._max_line} bytes")
+            return None
+        if end > self._max_line:
+            raise ProtocolError("message_too_large", f"a line exceeds {self._max_line} bytes")
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        self._scanned = 0
+        return line
+
+    async def _fill(self) -> None:
+        try:
+            data = await self._stream.receive_some(RECEIVE_BYTES)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise ChannelClosed() from None
+        if not data:
+            raise ChannelClosed()
+        self._buffer += data
+
+    async def send(self, data: bytes) -> None:
+        async with self._send_lock:
+            with trio.move_on_after(self._send_timeout) as scope:
+                try:
+                    await self._stream.send_all(data + b"\n")
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    raise ChannelClosed() from None
+        if scope.cancelled_caught:
+            raise SlowConsumer()
+
+    async def close(self, reason: str, code: int) -> None:
+        # Half-close, then drain: closing with unread input would send a reset that
+        # can destroy the last messages before the client reads them.
+        with trio.move_on_after(1):
+            try:
+                await self._stream.send_eof()
+                while await self._stream.receive_some(RECEIVE_BYTES):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        await self.abort()
+
+    async def abort(self) -> None:
+        await trio.aclose_forcefully(self._stream)
+
+
+def _text(line: bytes) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("invalid_utf8", "the line is not UTF-8 text (binary data on TCP?)") from None

@@ -1,0 +1,165 @@
+"""In-process engine benchmark: real-time streams, batched engine vs a stream-by-stream baseline.
+
+Every stream pushes audio paced at real time in 20-160 ms packets; chunk latency runs from
+the arrival of the last sample a chunk needs to its result. Capacity is the most streams
+with p95 chunk latency within the budget and no growing backlog. The baseline is the same
+engine with max_batch=1 (the same model, one stream per forward pass). Both run side by
+side in one process, alternating per concurrency level.
+
+    python scripts/bench_engine.py --model small --streams 1 2 4 8 16 32 --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from parakeet_stream.audio import read_audio
+from parakeet_stream.engine import ASREngine
+from parakeet_stream.model import ParakeetModel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def speech(seconds: float, seed: int) -> np.ndarray:
+    """Real speech (the test fixtures), looped and offset per stream."""
+    clips = [read_audio(p) for p in sorted((ROOT / "tests/fixtures/audio").glob("*.wav"))]
+    rng = np.random.default_rng(seed)
+    out, n = [], int(seconds * 16000)
+    while sum(len(c) for c in out) < n:
+        out.append(clips[rng.integers(len(clips))])
+    audio = np.concatenate(out)
+    start = int(rng.integers(0, 16000))
+    return np.roll(audio, -start)[:n]
+
+
+def run_level(engine: ASREngine, n: int, seconds: float, lookahead) -> dict:
+    audios = [speech(seconds, seed) for seed in range(n)]
+    rng = np.random.default_rng(n)
+    packets = [int(rng.integers(20, 161)) * 16 for _ in range(n)]  # samples per packet
+    sids = [engine.create_stream(lookahead) for _ in range(n)]
+    latencies: list[tuple[float, float]] = []
+    finals: dict[int, float] = {}
+    done = threading.Event()
+    wake = threading.Event()
+    for sid in sids:
+        engine.add_listener(sid, wake.set)
+
+    def collect():
+        while len(finals) < n:
+            wake.wait(0.5)
+            wake.clear()
+            for sid in sids:
+                for r in engine.collect(sid):
+                    if r.latency is not None:
+                        latencies.append((time.monotonic(), r.latency))
+                    if r.is_final:
+                        finals[sid] = time.monotonic()
+        done.set()
+
+    collector = threading.Thread(target=collect, daemon=True)
+    collector.start()
+    t0 = time.monotonic() + 0.05
+    heap = [(t0 + rng.uniform(0, 0.16), i, 0) for i in range(n)]
+    finalized: dict[int, float] = {}
+    while heap:
+        at, i, pos = heapq.heappop(heap)
+        delay = at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        chunk = audios[i][pos : pos + packets[i]]
+        engine.push_audio(sids[i], chunk)
+        if pos + packets[i] < len(audios[i]):
+            heapq.heappush(heap, (at + packets[i] / 16000, i, pos + packets[i]))
+        else:
+            engine.finalize(sids[i])
+            finalized[sids[i]] = time.monotonic()
+    done.wait(300)
+    lat = np.array([l for _, l in latencies]) * 1000
+    third = max(1, len(lat) // 3)
+    to_final = [finals[s] - finalized[s] for s in sids if s in finals]
+    return {
+        "streams": n,
+        "chunks": int(lat.size),
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p95_ms": float(np.percentile(lat, 95)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "p95_first_third_ms": float(np.percentile(lat[:third], 95)),
+        "p95_last_third_ms": float(np.percentile(lat[-third:], 95)),
+        "time_to_final_p95_ms": float(np.percentile(to_final, 95) * 1000) if to_final else None,
+    }
+
+
+def keeps_up(level: dict, budget_ms: float, chunk_ms: float) -> bool:
+    growing = level["p95_last_third_ms"] > level["p95_first_third_ms"] + 2 * chunk_ms
+    return level["p95_ms"] <= budget_ms and not growing
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="weights/random-small", help="model folder (see scripts/random_model.py)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--seconds", type=float, default=20.0, help="audio per stream")
+    ap.add_argument("--budget-ms", type=float, default=None, help="p95 chunk-latency budget (default: one chunk)")
+    ap.add_argument("--lookahead", default=None, help="L,R")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_engine")
+    args = ap.parse_args()
+    lookahead = tuple(int(v) for v in args.lookahead.split(",")) if args.lookahead else None
+    model = ParakeetModel.from_dir(args.model, args.device)
+    slots = max(args.streams)
+    engines = {
+        "batched": ASREngine(model, args.device, max_num_streams=slots, lookahead=lookahead).start(),
+        "baseline": ASREngine(model, args.device, max_num_streams=slots, lookahead=lookahead, max_batch=1).start(),
+    }
+    chunk_ms = engines["batched"].chunk_seconds() * 1000
+    budget = args.budget_ms or chunk_ms
+    results: dict[str, list] = {name: [] for name in engines}
+    for n in args.streams:
+        for name, engine in engines.items():
+            level = run_level(engine, n, args.seconds, lookahead)
+            results[name].append(level)
+            print(f"{name:8s} N={n:3d} p50={level['p50_ms']:7.1f} ms p95={level['p95_ms']:7.1f} ms "
+                  f"final p95={level['time_to_final_p95_ms'] or 0:7.1f} ms", flush=True)
+    for e in engines.values():
+        e.shutdown()
+    capacity = {name: max([lv["streams"] for lv in lv_list if keeps_up(lv, budget, chunk_ms)], default=0)
+                for name, lv_list in results.items()}
+    summary = {"model": args.model, "device": args.device, "budget_ms": budget, "chunk_ms": chunk_ms,
+               "capacity": capacity, "levels": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
+    plot(summary, args.out.with_suffix(".png"))
+    print(json.dumps({"capacity": capacity, "budget_ms": budget}))
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, levels in summary["levels"].items():
+        n = [lv["streams"] for lv in levels]
+        ax.plot(n, [lv["p95_ms"] for lv in levels], marker="o", label=f"{name} p95")
+        ax.plot(n, [lv["p50_ms"] for lv in levels], marker=".", linestyle="--", label=f"{name} p50")
+    ax.axhline(summary["budget_ms"], color="grey", linestyle=":", label="budget")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrent real-time streams")
+    ax.set_ylabel("chunk latency (ms)")
+    ax.set_title(f"{Path(summary['model']).name} on {summary['device']}: capacity {summary['capacity']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

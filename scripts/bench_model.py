@@ -1,0 +1,75 @@
+"""Model-level speed: RTFx of streaming transcription (files batched) and encoder stream-step time.
+
+    python scripts/bench_model.py --model weights/random-small --seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench_engine import speech
+from parakeet_stream.conformer import EncoderCache
+from parakeet_stream.engine import ASREngine
+from parakeet_stream.model import ParakeetModel
+from parakeet_stream.transcribe import transcribe_streaming
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def rtfx(model: ParakeetModel, batch: int, seconds: float) -> float:
+    audios = {f"file{i}": speech(seconds, i) for i in range(batch)}
+    with ASREngine(model, max_num_streams=batch) as engine:
+        t0 = time.perf_counter()
+        transcribe_streaming(engine, audios)
+        wall = time.perf_counter() - t0
+    return batch * seconds / wall
+
+
+@torch.inference_mode()
+def step_ms(model: ParakeetModel, batch: int, repeats: int = 20) -> dict:
+    lookahead = model.cfg.default_lookahead
+    spec = model.encoder.chunk_spec(lookahead)
+    feats = torch.randn(batch, spec.window, model.cfg.features.n_mels)
+    lengths = torch.full((batch,), spec.window)
+    start = torch.zeros(batch, dtype=torch.long)
+    cache = EncoderCache.zeros(model.cfg.encoder, batch)
+    cache.length.fill_(lookahead[0])
+    times = {"pre_encode": [], "layers": []}
+    for i in range(repeats + 3):
+        t0 = time.perf_counter()
+        x, lens = model.encoder.stream_pre_encode(feats, lengths, start, lookahead)
+        t1 = time.perf_counter()
+        model.encoder.stream_layers(x, lens, cache, lookahead)
+        t2 = time.perf_counter()
+        if i >= 3:
+            times["pre_encode"].append(t1 - t0)
+            times["layers"].append(t2 - t1)
+    return {k: float(np.median(v) * 1000) for k, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="weights/random-small")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_model.json")
+    args = ap.parse_args()
+    model = ParakeetModel.from_dir(args.model)
+    out = {"model": args.model, "threads": torch.get_num_threads(), "rtfx": {}, "encoder_step_ms": {}}
+    for b in (1, 8):
+        out["rtfx"][b] = rtfx(model, b, args.seconds)
+        print(f"RTFx batch {b}: {out['rtfx'][b]:.1f}", flush=True)
+    for b in (1, 8, 32):
+        out["encoder_step_ms"][b] = step_ms(model, b)
+        print(f"encoder step batch {b}: {out['encoder_step_ms'][b]}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
