@@ -140,6 +140,8 @@ class FeatureStream:
         Frames from index `valid_frames` on are zero-masked by NeMo; the caller zeroes their features.
         """
         cfg = self.cfg
+        if self.n_samples == 0:  # no audio at all: nothing to transcribe
+            return torch.zeros(0, cfg.n_fft)
         need = self.num_frames(self.n_samples)[1] - self.frames_done
         total = cfg.n_fft + cfg.hop_length * (need - 1)
         self.buffer = nn.functional.pad(self.buffer, (0, max(0, total - self.buffer.numel())))

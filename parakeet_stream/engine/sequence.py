@@ -94,7 +94,7 @@ class Sequence:
     _samples_in: int = 0
     _mel: torch.Tensor | None = None  # features not yet cut into chunks
     _history: torch.Tensor | None = None  # last `pre_cache` frames: the pre-encode cache
-    _valid_total: int | None = None
+    _ending: bool = False  # every feature frame of the stream has arrived
     results: deque = field(default_factory=deque)
     listeners: list[Callable[[], None]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -127,13 +127,12 @@ class Sequence:
                 self._arrivals.popleft()
             return self._arrivals[0][1] if self._arrivals else time.monotonic()
 
-    def add_features(self, mel: torch.Tensor, valid_total: int | None = None) -> None:
+    def add_features(self, mel: torch.Tensor, ending: bool = False) -> None:
         if self._mel is None:
             self._mel = mel.new_zeros(0, self.n_mels)
             self._history = mel.new_zeros(self.spec.pre_cache, self.n_mels)
         self._mel = torch.cat((self._mel, mel))
-        if valid_total is not None:
-            self._valid_total = valid_total
+        self._ending |= ending
 
     def cut_chunks(self, hop: int, n_fft: int) -> list[Chunk]:
         """Every chunk the buffered features complete; at the end of stream the partial last one too."""
@@ -149,20 +148,20 @@ class Sequence:
         spec, first = self.spec, self.chunks_made == 0
         size = spec.first_frames if first else spec.chunk_frames
         have = self._mel.size(0)
-        ending = self._valid_total is not None
-        if have < size and not (ending and have >= (1 if first else spec.factor)):
+        # NeMo's streaming buffer counts every frame it holds as valid (the zero-masked tail
+        # too) and drops a last piece shorter than one subsampling step.
+        if have < size and not (self._ending and have >= (1 if first else spec.factor)):
             return None
         new = self._mel[:size]
         start_frame = self._frames_cut()
-        valid_new = size if not ending else max(0, min(new.size(0), self._valid_total - start_frame))
         pad = new.new_zeros(spec.window, self.n_mels)
         if first:
             pad[spec.first_pad : spec.first_pad + new.size(0)] = new
-            start, length = spec.first_pad, valid_new
+            start, length = spec.first_pad, new.size(0)
         else:
             pad[: spec.pre_cache] = self._history
             pad[spec.pre_cache : spec.pre_cache + new.size(0)] = new
-            start, length = 0, spec.pre_cache + valid_new
+            start, length = 0, spec.pre_cache + new.size(0)
         self._history = torch.cat((self._history, new))[-spec.pre_cache :]
         self._mel = self._mel[size:]
         self.chunks_made += 1
@@ -193,21 +192,20 @@ class Sequence:
 
 def feature_batch(features: LogMelFeatures, seqs: list[Sequence], final: set[int]) -> list[torch.Tensor]:
     """Frame every sequence's new samples and compute all their log-mel frames in one batch."""
-    raw, valid = [], []
+    raw = []
     for seq in seqs:
         frames = seq.frames.push(seq.drain_samples())
-        ending = seq.stream_id in final
-        if ending:
+        if seq.stream_id in final:
             frames = torch.cat((frames, seq.frames.flush()))
         raw.append(frames)
-        valid.append(seq.frames.valid_frames if ending else None)
     sizes = [r.size(0) for r in raw]
     fb = features.fb
     mel = features.mel(torch.cat(raw).to(fb.device, fb.dtype)) if sum(sizes) else fb.new_zeros(0, fb.size(0))
     out = list(mel.split(sizes))
-    for seq, m, v in zip(seqs, out, valid):
-        if v is not None:
+    for seq, m in zip(seqs, out):
+        ending = seq.stream_id in final
+        if ending:  # NeMo zero-masks the frames past samples // hop
             done = seq.frames.frames_done - m.size(0)
-            m[max(0, v - done) :] = 0.0
-        seq.add_features(m, v)
+            m[max(0, seq.frames.valid_frames - done) :] = 0.0
+        seq.add_features(m, ending)
     return out

@@ -1,0 +1,262 @@
+"""Data for training the demo model: manifests, a log-mel feature cache, batches, SpecAugment.
+
+Features are computed ONCE per utterance with the model's own `LogMelFeatures` (exactly what
+the server computes at inference) and cached as float16 shards::
+
+    <cache>/<split>/shard_000.npy       [sum of frames, n_mels] float16, utterances back to back
+    <cache>/<split>/shard_000.idx.npy   [n_utts + 1] int64 frame offsets into the shard
+    <cache>/<split>/meta.json           feature config + manifest hash (a mismatch rebuilds)
+
+Shards are written to temp files and renamed, so an interrupted build resumes shard by shard.
+At training time the shards are memory-mapped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import FeatureConfig
+from ..features import LogMelFeatures
+
+SHARD = 1000  # utterances per feature shard
+
+
+def load_manifest(path: str | Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(ln) for ln in f if ln.strip()]
+
+
+def _manifest_hash(recs: list[dict], fcfg: FeatureConfig) -> str:
+    h = hashlib.sha1(json.dumps(dataclasses.asdict(fcfg), sort_keys=True).encode())
+    for r in recs:
+        h.update(f"{r['id']}|{r['audio_filepath']}|{r.get('duration')}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _features_of(path: Path, feats: LogMelFeatures) -> np.ndarray:
+    import soundfile as sf
+
+    x, sr = sf.read(str(path), dtype="float32", always_2d=False)
+    if x.ndim != 1:
+        x = x.mean(axis=1)
+    if sr != feats.cfg.sample_rate:
+        from ..audio import resample
+
+        x = resample(x, sr, feats.cfg.sample_rate)
+    with torch.no_grad():
+        y, _ = feats(torch.from_numpy(np.ascontiguousarray(x)))
+    return y.numpy().astype(np.float16)
+
+
+def _build_shard(job) -> str:
+    data_dir, out_dir, k, paths, fcfg_dict = job
+    torch.set_num_threads(1)
+    feats = LogMelFeatures(FeatureConfig(**fcfg_dict))
+    arrays = [_features_of(Path(data_dir) / p, feats) for p in paths]
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([a.shape[0] for a in arrays])
+    out = Path(out_dir)
+    data = np.concatenate(arrays) if arrays else np.zeros((0, fcfg_dict["n_mels"]), np.float16)
+    for name, arr in ((f"shard_{k:03d}.idx.npy", offsets), (f"shard_{k:03d}.npy", data)):
+        tmp = out / (name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, arr)
+        os.replace(tmp, out / name)
+    return f"shard_{k:03d}"
+
+
+class FeatureSet:
+    """The cached log-mel features of one manifest: `feats(i)` -> float16 [T, n_mels] (memory-mapped)."""
+
+    def __init__(self, data_dir: str | Path, split: str, cache_dir: str | Path, fcfg: FeatureConfig,
+                 jobs: int = 1, log=print):
+        self.data_dir = Path(data_dir)
+        self.split = split
+        self.records = load_manifest(self.data_dir / f"{split}.jsonl")
+        self.dir = Path(cache_dir) / split
+        self.dir.mkdir(parents=True, exist_ok=True)
+        key = _manifest_hash(self.records, fcfg)
+        meta_file = self.dir / "meta.json"
+        if meta_file.exists() and json.loads(meta_file.read_text()).get("key") != key:
+            for p in self.dir.glob("shard_*"):
+                p.unlink()
+            meta_file.unlink()
+        n_shards = math.ceil(len(self.records) / SHARD)
+        todo = [k for k in range(n_shards) if not (self.dir / f"shard_{k:03d}.npy").exists()
+                or not (self.dir / f"shard_{k:03d}.idx.npy").exists()]
+        if todo:
+            log(f"[features] {split}: computing {len(todo)}/{n_shards} shards with {jobs} process(es)")
+            jobsl = [(str(self.data_dir), str(self.dir), k,
+                      [r["audio_filepath"] for r in self.records[k * SHARD:(k + 1) * SHARD]],
+                      dataclasses.asdict(fcfg)) for k in todo]
+            if jobs > 1 and len(jobsl) > 1:
+                import multiprocessing as mp
+
+                with mp.get_context("fork").Pool(jobs) as pool:
+                    for i, name in enumerate(pool.imap_unordered(_build_shard, jobsl), 1):
+                        if i % 5 == 0 or i == len(jobsl):
+                            log(f"[features] {split}: {i}/{len(jobsl)} shards")
+            else:
+                for i, job in enumerate(jobsl, 1):
+                    _build_shard(job)
+                    if i % 5 == 0 or i == len(jobsl):
+                        log(f"[features] {split}: {i}/{len(jobsl)} shards")
+        meta_file.write_text(json.dumps({"key": key, "features": dataclasses.asdict(fcfg),
+                                         "utterances": len(self.records)}))
+        self._data = [np.load(self.dir / f"shard_{k:03d}.npy", mmap_mode="r") for k in range(n_shards)]
+        self._idx = [np.load(self.dir / f"shard_{k:03d}.idx.npy") for k in range(n_shards)]
+        self.lengths = np.concatenate([np.diff(ix) for ix in self._idx]).astype(np.int64)
+        assert len(self.lengths) == len(self.records), (len(self.lengths), len(self.records))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def feats(self, i: int) -> np.ndarray:
+        k, j = divmod(i, SHARD)
+        ix = self._idx[k]
+        return self._data[k][ix[j]:ix[j + 1]]
+
+    @property
+    def hours(self) -> float:
+        return float(sum(r["duration"] for r in self.records)) / 3600
+
+
+# --------------------------------------------------------------------------
+# Examples and batches
+# --------------------------------------------------------------------------
+
+@dataclass
+class Example:
+    """One training example: one utterance, or two joined by a pause (`parts` indices)."""
+
+    parts: tuple[int, ...]
+    frames: int  # approximate feature frames (for batching)
+
+
+def plan_epoch(lengths: np.ndarray, rng: np.random.Generator, max_frames: int,
+               pair_prob: float = 0.1, max_pair_frames: int = 2200) -> list[list[Example]]:
+    """Shuffle, join a fraction of the utterances into pairs, and cut length-bucketed batches.
+
+    A batch holds at most `max_frames` PADDED feature frames (batch size x longest example).
+    Examples are sorted by length inside buckets of ~50 batches, then the batches are shuffled.
+    """
+    order = rng.permutation(len(lengths))
+    examples: list[Example] = []
+    i = 0
+    while i < len(order):
+        a = int(order[i])
+        if pair_prob > 0 and i + 1 < len(order) and rng.random() < pair_prob:
+            b = int(order[i + 1])
+            total = int(lengths[a] + lengths[b]) + 75  # + the average added pause
+            if total <= max_pair_frames:
+                examples.append(Example((a, b), total))
+                i += 2
+                continue
+        examples.append(Example((a,), int(lengths[a])))
+        i += 1
+    batches: list[list[Example]] = []
+    bucket = max(1, 50 * max_frames // max(1, int(np.mean([e.frames for e in examples]))))
+    for s in range(0, len(examples), bucket):
+        chunk = sorted(examples[s:s + bucket], key=lambda e: e.frames)
+        cur: list[Example] = []
+        longest = 0
+        for e in chunk:
+            if cur and max(longest, e.frames) * (len(cur) + 1) > max_frames:
+                batches.append(cur)
+                cur, longest = [], 0
+            cur.append(e)
+            longest = max(longest, e.frames)
+        if cur:
+            batches.append(cur)
+    perm = rng.permutation(len(batches))
+    return [batches[j] for j in perm]
+
+
+def example_features(fs: FeatureSet, ex: Example, rng: np.random.Generator,
+                     pause_range=(0.0, 1.5)) -> np.ndarray:
+    """float32 [T, n_mels]; pairs get an extra pause made of the first part's trailing (silent) frames."""
+    parts = [np.asarray(fs.feats(i), dtype=np.float32) for i in ex.parts]
+    if len(parts) == 1:
+        return parts[0]
+    out = [parts[0]]
+    for p in parts[1:]:
+        prev = out[-1]
+        n_extra = int(rng.uniform(*pause_range) * 100)
+        if n_extra > 0:
+            tail = prev[-min(15, len(prev)):]
+            out.append(tail[rng.integers(0, len(tail), n_extra)])
+        out.append(p)
+    return np.concatenate(out)
+
+
+def spec_augment(x: np.ndarray, rng: np.random.Generator, freq_masks: int = 2, freq_width: int = 15,
+                 time_masks: int = 5, time_width: float = 0.04, gain_db: float = 6.0) -> np.ndarray:
+    """SpecAugment-style masks (filled with the utterance mean) and a random level shift, in place."""
+    t, f = x.shape
+    if gain_db:
+        x += rng.uniform(-gain_db, gain_db) * math.log(10) / 10  # power gain in log-mel units
+    fill = float(x.mean())
+    for _ in range(freq_masks):
+        w = int(rng.integers(0, freq_width + 1))
+        s = int(rng.integers(0, max(1, f - w)))
+        x[:, s:s + w] = fill
+    max_w = max(1, int(time_width * t))
+    for _ in range(time_masks):
+        w = int(rng.integers(0, max_w + 1))
+        s = int(rng.integers(0, max(1, t - w)))
+        x[s:s + w] = fill
+    return x
+
+
+def collate(fs: FeatureSet, targets: list[list[int]], batch: list[Example], rng: np.random.Generator,
+            eou_id: int, augment: bool = True):
+    """-> feats [B, T, F] float32, lengths [B], targets [B, U] long (0-padded), target lengths [B]."""
+    xs, ys = [], []
+    for ex in batch:
+        x = example_features(fs, ex, rng)
+        if augment:
+            x = spec_augment(x, rng)
+        xs.append(x)
+        y: list[int] = []
+        for i in ex.parts:
+            y += targets[i] + [eou_id]
+        ys.append(y)
+    b, t, f = len(xs), max(len(x) for x in xs), xs[0].shape[1]
+    feats = np.zeros((b, t, f), np.float32)
+    for k, x in enumerate(xs):
+        feats[k, :len(x)] = x
+    u = max(len(y) for y in ys)
+    tg = np.zeros((b, max(u, 1)), np.int64)
+    for k, y in enumerate(ys):
+        tg[k, :len(y)] = y
+    return (torch.from_numpy(feats), torch.tensor([len(x) for x in xs]),
+            torch.from_numpy(tg), torch.tensor([len(y) for y in ys]))
+
+
+# --------------------------------------------------------------------------
+# WER
+# --------------------------------------------------------------------------
+
+def edit_distance(a: list[str], b: list[str]) -> int:
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i] + [0] * len(b)
+        for j, y in enumerate(b, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y))
+        prev = cur
+    return prev[-1]
+
+
+def wer(refs: list[str], hyps: list[str]) -> float:
+    """Corpus word error rate (total word edits / total reference words)."""
+    errors = sum(edit_distance(r.split(), h.split()) for r, h in zip(refs, hyps))
+    return errors / max(1, sum(len(r.split()) for r in refs))

@@ -1,0 +1,161 @@
+"""Training objective for our own ParakeetModel: RNN-T loss + an auxiliary CTC loss.
+
+The CTC head (a linear layer on the encoder output) exists only in training: it is not
+part of `ParakeetModel` and is never exported, so the saved weights load with strict=True.
+Both losses are per-token (summed over the batch, divided by the number of target tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..attention import chunked_limited_allowed
+from ..model import ParakeetModel
+from ..subsampling import CausalConv2d, CausalSubsampling
+from .rnnt_loss import rnnt_logprobs, rnnt_loss_from_logprobs
+
+
+def _time_mask(h: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    return (torch.arange(h.size(2), device=h.device)[None, :] < end[:, None]).to(h.dtype)[:, None, :, None]
+
+
+def fast_pre_encode(sub: CausalSubsampling, x: torch.Tensor, lengths: torch.Tensor):
+    """`sub(x, lengths)` for whole utterances (start 0), ~2.4x faster on CPU for training.
+
+    Same parameters and result: channels-last convolutions, and the padding masks applied
+    only after the layers that can make padded frames non-zero (and not at all when no
+    utterance is padded).  Checked against the module at start-up (`check_fast_encoder`).
+    """
+    need = bool((lengths < x.size(1)).any())
+    end = lengths
+    h = x.unsqueeze(1)
+    if need:
+        h = h * _time_mask(h, end)
+    h = h.contiguous(memory_format=torch.channels_last)
+    for layer in sub.conv:
+        if isinstance(layer, CausalConv2d):
+            w = layer.weight.contiguous(memory_format=torch.channels_last)
+            h = F.conv2d(F.pad(h, (2, 1, 2, 1)), w, layer.bias, layer.stride, 0, 1, layer.groups)
+            end = (end + 3 - 3) // 2 + 1
+            if need:
+                h = h * _time_mask(h, end)
+        elif isinstance(layer, nn.Conv2d):
+            h = F.conv2d(h, layer.weight.contiguous(memory_format=torch.channels_last), layer.bias)
+            if need:
+                h = h * _time_mask(h, end)
+        else:
+            h = torch.relu(h)
+    b, c, t, f = h.shape
+    return sub.out(h.transpose(1, 2).reshape(b, t, c * f)), end
+
+
+def fast_encoder_forward(model: ParakeetModel, feats: torch.Tensor, lengths: torch.Tensor):
+    """`model.encoder(feats, lengths)` (default lookahead) with `fast_pre_encode`."""
+    enc = model.encoder
+    lookahead = enc.check_lookahead(None)
+    x, lens = fast_pre_encode(enc.pre_encode, feats, lengths)
+    x = enc._scale(x)
+    t = x.size(1)
+    pos = torch.arange(t, device=x.device)
+    valid = pos.unsqueeze(0) < lens.unsqueeze(1)
+    allowed = chunked_limited_allowed(pos, pos, lookahead).unsqueeze(0) & valid.unsqueeze(1) & valid.unsqueeze(2)
+    att_mask, pad_mask = ~allowed, ~valid
+    pos_emb = enc._pos_emb(t, x)
+    for layer in enc.layers:
+        x, _, _ = layer(x, pos_emb, att_mask, pad_mask)
+    return x, lens
+
+
+@torch.no_grad()
+def check_fast_encoder(model: ParakeetModel, feats: torch.Tensor, lengths: torch.Tensor) -> float:
+    """Largest difference between the fast and the reference encoder forward on valid frames."""
+    ref, ref_len = model.encoder(feats, lengths)
+    out, out_len = fast_encoder_forward(model, feats, lengths)
+    if not torch.equal(ref_len, out_len) or ref.shape != out.shape:
+        return float("inf")
+    valid = torch.arange(ref.size(1))[None, :] < ref_len[:, None]
+    return float((ref - out).abs()[valid].max())
+
+
+class Transducer(nn.Module):
+    """ParakeetModel + the training-only CTC head."""
+
+    def __init__(self, model: ParakeetModel, fast: bool = True):
+        super().__init__()
+        self.model = model
+        self.fast = fast
+        self.blank = model.cfg.decoder.num_classes
+        self.ctc_head = nn.Linear(model.cfg.encoder.d_model, self.blank + 1)
+
+    def forward(self, feats, lengths, targets, target_lengths, ctc_weight: float = 0.3):
+        """feats [B, T, F], lengths [B], targets [B, U], target_lengths [B] -> dict of losses."""
+        m = self.model
+        enc, enc_len = fast_encoder_forward(m, feats, lengths) if self.fast else m.encoder(feats, lengths)
+        enc_len = enc_len.clamp(min=1, max=enc.size(1))
+        b = enc.size(0)
+        n_tokens = target_lengths.sum().clamp(min=1).float()
+
+        # RNN-T
+        dec = m.decoder
+        h = enc.new_zeros(dec.cfg.pred_rnn_layers, b, dec.cfg.pred_hidden)
+        start = torch.full((b, 1), self.blank, dtype=torch.long, device=enc.device)
+        pred_in = torch.cat([start, targets], dim=1)
+        g, _ = dec.predictor(pred_in, (h, h.clone()))
+        f = dec.joint.enc(enc)  # [B, T, J]
+        gp = dec.joint.pred(g)  # [B, U+1, J]
+        logits = dec.joint(f.unsqueeze(2), gp.unsqueeze(1))  # [B, T, U+1, V]
+        blank_lp, label_lp = rnnt_logprobs(logits, targets, self.blank)
+        rnnt = rnnt_loss_from_logprobs(blank_lp, label_lp, enc_len, target_lengths, reduction="sum") / n_tokens
+
+        out = {"rnnt": rnnt}
+        loss = rnnt
+        if ctc_weight > 0:
+            lp = F.log_softmax(self.ctc_head(enc).float(), dim=-1).transpose(0, 1)  # [T, B, V]
+            ctc = F.ctc_loss(lp, targets, enc_len, target_lengths, blank=self.blank,
+                             reduction="sum", zero_infinity=True) / n_tokens
+            out["ctc"] = ctc
+            loss = loss + ctc_weight * ctc
+        out["loss"] = loss
+        return out
+
+
+def init_input_layer(model: ParakeetModel, mean: float, std: float) -> None:
+    """Data-dependent init of the first subsampling conv for raw (unnormalised) log-mel input.
+
+    The model reads raw log-mel features (no normalisation, like NVIDIA's streaming models);
+    scaling the first conv by 1/std and centring its bias on the feature mean makes its
+    initial outputs look as if the input had been normalised.  Training stays in raw units.
+    """
+    conv = model.encoder.pre_encode.conv[0]
+    with torch.no_grad():
+        conv.weight.div_(std)
+        conv.bias.sub_(mean * conv.weight.sum(dim=(1, 2, 3)))
+
+
+@torch.no_grad()
+def transcribe_offline(model: ParakeetModel, feats: list[torch.Tensor], batch_frames: int = 20000):
+    """Greedy transcripts (token id lists, blanks removed) of whole utterances' features."""
+    model.eval()
+    order = sorted(range(len(feats)), key=lambda i: feats[i].shape[0])
+    out: list[list[int]] = [[] for _ in feats]
+    i = 0
+    while i < len(order):
+        longest = feats[order[i]].shape[0]
+        j = i
+        while j < len(order) and max(longest, feats[order[j]].shape[0]) * (j - i + 1) <= batch_frames:
+            longest = max(longest, feats[order[j]].shape[0])
+            j += 1
+        j = max(j, i + 1)
+        idx = order[i:j]
+        x = torch.zeros(len(idx), longest, feats[idx[0]].shape[1])
+        for k, n in enumerate(idx):
+            x[k, : feats[n].shape[0]] = feats[n]
+        lens = torch.tensor([feats[n].shape[0] for n in idx])
+        enc, enc_len = model.encoder(x, lens)
+        emission, _ = model.decoder.decode(enc, enc_len, model.decoder.initial_state(len(idx)))
+        for k, toks in enumerate(emission.per_stream(len(idx))):
+            out[idx[k]] = [t for t, _ in toks]
+        i = j
+    return out
