@@ -70,15 +70,6 @@ class EncoderCache:
             length=torch.zeros(batch, dtype=torch.long, device=device),
         )
 
-    def gather(self, idx: torch.Tensor) -> "EncoderCache":
-        return EncoderCache(self.keys[:, idx], self.values[:, idx], self.conv[:, idx], self.length[idx])
-
-    def scatter(self, idx: torch.Tensor, part: "EncoderCache") -> None:
-        self.keys[:, idx] = part.keys
-        self.values[:, idx] = part.values
-        self.conv[:, idx] = part.conv
-        self.length[idx] = part.length
-
     def reset(self, idx: torch.Tensor) -> None:
         self.keys[:, idx] = 0
         self.values[:, idx] = 0
@@ -195,28 +186,26 @@ class ConformerEncoder(nn.Module):
         x, lens, first = self.pre_encode(feats, lengths, start)
         return x[:, spec.drop :], (first + lens - spec.drop).clamp(min=0)
 
-    def stream_layers(self, x, lens, cache: EncoderCache, lookahead: Lookahead):
-        """The conformer layers over one pre-encoded chunk per stream -> (encoded [B, T, D], new cache)."""
+    def stream_layers(self, x, lens, pool: EncoderCache, slots: torch.Tensor, lookahead: Lookahead):
+        """The conformer layers over one pre-encoded chunk per stream; streams' caches live in
+        `pool` at `slots` and are updated there. Returns encoded [B, T, D]."""
         x = self._scale(x)
         t = x.size(1)
-        c = lookahead[0]
+        c, size = lookahead[0], pool.keys.size(2)
+        cached = pool.length[slots]
         pos = torch.arange(c + t, device=x.device)
-        offset = c - cache.length.clamp(max=c)
+        offset = c - cached.clamp(max=c)
         valid = (pos.unsqueeze(0) >= offset.unsqueeze(1)) & (pos.unsqueeze(0) < (lens + c).unsqueeze(1))
         allowed = chunked_limited_allowed(pos[c:], pos, lookahead).unsqueeze(0) & valid[:, c:].unsqueeze(2) & valid.unsqueeze(1)
         att_mask, pad_mask = ~allowed, ~valid[:, c:]
         pos_emb = self._pos_emb(c + t, x)
-        keys, values, convs = [], [], []
         for i, layer in enumerate(self.layers):
-            kv = (cache.keys[i, :, -c:], cache.values[i, :, -c:])
-            x, (k, v), conv = layer(x, pos_emb, att_mask, pad_mask, kv, cache.conv[i])
-            keys.append(self._keep_tail(cache.keys[i], k[:, c:]))
-            values.append(self._keep_tail(cache.values[i], v[:, c:]))
-            convs.append(conv)
-        new = EncoderCache(torch.stack(keys), torch.stack(values), torch.stack(convs), (cache.length + t).clamp(max=cache.keys.size(2)))
-        return x, new
+            keys, values = pool.keys[i, slots], pool.values[i, slots]
+            kv = (keys[:, size - c :], values[:, size - c :])
+            x, (k, v), conv = layer(x, pos_emb, att_mask, pad_mask, kv, pool.conv[i, slots])
+            pool.keys[i, slots] = torch.cat((keys[:, t:], k[:, c:]), 1) if size > c else k[:, t:]
+            pool.values[i, slots] = torch.cat((values[:, t:], v[:, c:]), 1) if size > c else v[:, t:]
+            pool.conv[i, slots] = conv
+        pool.length[slots] = (cached + t).clamp(max=size)
+        return x
 
-    @staticmethod
-    def _keep_tail(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        """The last C frames of old + new keys/values, C being the pool's cache size."""
-        return torch.cat((old, new), 1)[:, -old.size(1) :]

@@ -40,12 +40,13 @@ def step_ms(model: ParakeetModel, batch: int, repeats: int = 20) -> dict:
     start = torch.zeros(batch, dtype=torch.long)
     cache = EncoderCache.zeros(model.cfg.encoder, batch)
     cache.length.fill_(lookahead[0])
+    slots = torch.arange(batch)
     times = {"pre_encode": [], "layers": []}
     for i in range(repeats + 3):
         t0 = time.perf_counter()
         x, lens = model.encoder.stream_pre_encode(feats, lengths, start, lookahead)
         t1 = time.perf_counter()
-        model.encoder.stream_layers(x, lens, cache, lookahead)
+        model.encoder.stream_layers(x, lens, cache, slots, lookahead)
         t2 = time.perf_counter()
         if i >= 3:
             times["pre_encode"].append(t1 - t0)

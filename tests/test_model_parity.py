@@ -48,7 +48,7 @@ def stream_encoder(model, audio, lookahead) -> torch.Tensor:
     for chunk in seq.cut_chunks(model.cfg.features.hop_length, model.cfg.features.n_fft):
         x, lens = model.encoder.stream_pre_encode(chunk.window[None], torch.tensor([chunk.length]),
                                                   torch.tensor([chunk.start]), lookahead)
-        enc, cache = model.encoder.stream_layers(x, lens, cache, lookahead)
+        enc = model.encoder.stream_layers(x, lens, cache, torch.tensor([0]), lookahead)
         outs.append(enc[0, : lens[0]])
     return torch.cat(outs)
 

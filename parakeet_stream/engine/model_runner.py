@@ -165,11 +165,9 @@ class ModelRunner:
         real = [c for c in live if c.x is not None]
         for group in self._batches(real):
             idx = torch.tensor([c.seq.slot for c in group], device=self.device)
-            cache = self.scheduler.cache.gather(idx)
             x = torch.stack([c.x for c in group])
             lens = torch.tensor([c.x_len for c in group], device=self.device)
-            enc, new = self.model.encoder.stream_layers(x, lens, cache, group[0].seq.lookahead)
-            self.scheduler.cache.scatter(idx, new)
+            enc = self.model.encoder.stream_layers(x, lens, self.scheduler.cache, idx, group[0].seq.lookahead)
             for c, e in zip(group, enc):
                 c.encoded = e
         if live:
