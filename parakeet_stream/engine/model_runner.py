@@ -25,6 +25,34 @@ log = logging.getLogger(__name__)
 _STOP = object()
 
 
+class ChunkRounds:
+    """Chunks waiting for a stage, in order per stream. A round takes the oldest chunk of every
+    stream with work, so whatever piled up while the stage was busy runs as one batch."""
+
+    def __init__(self) -> None:
+        self._q: queue.Queue = queue.Queue()
+        self._pending: dict[int, deque[Chunk]] = defaultdict(deque)
+
+    def put(self, chunks) -> None:
+        self._q.put(chunks)
+
+    def next_round(self):
+        items = [] if self._pending else [self._q.get()]
+        while True:
+            try:
+                items.append(self._q.get_nowait())
+            except queue.Empty:
+                break
+        if any(item is _STOP for item in items):
+            return _STOP
+        for chunks in items:
+            for c in chunks:
+                self._pending[c.seq.stream_id].append(c)
+        heads = [q.popleft() for q in self._pending.values()]
+        self._pending = defaultdict(deque, {sid: q for sid, q in self._pending.items() if q})
+        return heads
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -44,13 +72,13 @@ class ModelRunner:
         self._dirty: dict[int, Sequence] = {}
         self._wake = threading.Condition()
         self._flight = threading.Lock()
-        self._encode_q: queue.Queue = queue.Queue()
-        self._decode_q: queue.Queue = queue.Queue()
+        self._encode_q = ChunkRounds()
+        self._decode_q = ChunkRounds()
         self._stopped = False
         self._threads = [
             threading.Thread(target=self._loop, args=(self._pre_encode_wait, "pre_encode"), name="pre-encode", daemon=True),
-            threading.Thread(target=self._encode_loop, name="encode", daemon=True),
-            threading.Thread(target=self._loop, args=(self._decode_wait, "decode"), name="decode", daemon=True),
+            threading.Thread(target=self._loop, args=(self._encode_q.next_round, "encode"), name="encode", daemon=True),
+            threading.Thread(target=self._loop, args=(self._decode_q.next_round, "decode"), name="decode", daemon=True),
         ]
 
     # --- lifecycle -------------------------------------------------------------------
@@ -99,33 +127,6 @@ class ModelRunner:
                 return _STOP
             batch, self._dirty = list(self._dirty.values()), {}
         return [s for s in batch if s.slot is not None and not (s.cancelled or s.failed or s.finished_input)]
-
-    def _decode_wait(self):
-        return self._decode_q.get()
-
-    def _encode_loop(self) -> None:
-        pending: dict[int, deque[Chunk]] = defaultdict(deque)
-        while True:
-            item = self._encode_q.get() if not pending else self._get_nowait(self._encode_q)
-            if item is _STOP:
-                return
-            for chunk in item or []:
-                pending[chunk.seq.stream_id].append(chunk)
-            heads = [pending[sid].popleft() for sid in list(pending)]
-            for sid in [sid for sid, q in pending.items() if not q]:
-                del pending[sid]
-            try:
-                with torch.inference_mode():
-                    self.encode(heads)
-            except Exception as exc:  # noqa: BLE001
-                self._fail(heads, exc)
-
-    @staticmethod
-    def _get_nowait(q: queue.Queue):
-        try:
-            return q.get_nowait()
-        except queue.Empty:
-            return None
 
     # --- stages ----------------------------------------------------------------------------
     def pre_encode(self, seqs: list[Sequence]) -> None:
@@ -185,8 +186,8 @@ class ModelRunner:
             pool.h[:, idx], pool.c[:, idx], pool.g[idx] = state.h, state.c, state.g
             found.update({id(c): toks for c, toks in zip(group, emission.per_stream(len(group)))})
         for c in live:
+            self._chunk_done(c)  # first, so a stream's slot is free once its final result is out
             self._publish(c, found.get(id(c), []))
-            self._chunk_done(c)
 
     # --- results ------------------------------------------------------------------------
     def _publish(self, chunk: Chunk, tokens: list[tuple[int, int]]) -> None:
@@ -248,10 +249,9 @@ class ModelRunner:
         log.exception("inference failed for %d chunk(s)", len(batch), exc_info=exc)
         chunks = [c for c in batch if isinstance(c, Chunk)]
         seqs = {id(s): s for s in [c.seq for c in chunks] + [s for s in batch if isinstance(s, Sequence)]}
-        for seq in seqs.values():
-            if not seq.failed and not seq.cancelled:
-                seq.failed = True
-                seq.publish(StreamResult(seq.stream_id, [], "", is_final=True, error="inference_error"))
+        failed = [s for s in seqs.values() if not (s.failed or s.cancelled)]
+        for seq in failed:
+            seq.failed = True
         for c in chunks:
             self._chunk_done(c)
         for seq in seqs.values():
@@ -259,7 +259,8 @@ class ModelRunner:
                 idle = seq.in_flight == 0
             if idle and not chunks:
                 self.on_release(seq)
-
+        for seq in failed:
+            seq.publish(StreamResult(seq.stream_id, [], "", is_final=True, error="inference_error"))
 
     def _batches(self, chunks: list[Chunk], by_mode: bool = True) -> list[list[Chunk]]:
         """Chunks grouped by lookahead mode (shapes differ between modes), at most max_batch each."""
