@@ -116,7 +116,8 @@ def main() -> None:
     slots = max(args.streams)
     engines = {
         "batched": ASREngine(model, args.device, max_num_streams=slots, lookahead=lookahead).start(),
-        "baseline": ASREngine(model, args.device, max_num_streams=slots, lookahead=lookahead, max_batch=1).start(),
+        "baseline": ASREngine(model, args.device, max_num_streams=slots, lookahead=lookahead, max_batch=1,
+                              batch_wait=0.0).start(),
     }
     chunk_ms = engines["batched"].chunk_seconds() * 1000
     budget = args.budget_ms or chunk_ms

@@ -67,6 +67,7 @@ class ASREngine:
         endpoint_seconds: float = 0.8,
         dtype: torch.dtype = torch.float32,
         max_batch: int | None = None,
+        batch_wait: float | None = None,
     ):
         self.device = torch.device(device)
         if not isinstance(model, ParakeetModel):
@@ -76,7 +77,9 @@ class ASREngine:
         if max_num_streams == "auto":
             max_num_streams = auto_num_streams(model, self.device, dtype)
         self.scheduler = Scheduler(model, int(max_num_streams), max_queue, self.device, dtype)
-        self.runner = ModelRunner(model, self.scheduler, self._on_release, endpoint_seconds, max_batch)
+        if batch_wait is None:  # a quarter of the shortest chunk: bigger steps, bounded extra latency
+            batch_wait = 0.25 * min(self.chunk_seconds(m) for m in self.lookahead_modes)
+        self.runner = ModelRunner(model, self.scheduler, self._on_release, endpoint_seconds, max_batch, batch_wait)
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()

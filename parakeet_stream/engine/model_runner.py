@@ -27,22 +27,33 @@ _STOP = object()
 
 class ChunkRounds:
     """Chunks waiting for a stage, in order per stream. A round takes the oldest chunk of every
-    stream with work, so whatever piled up while the stage was busy runs as one batch."""
+    stream with work, so whatever piled up while the stage was busy runs as one batch.
 
-    def __init__(self) -> None:
+    With `expected` and `max_wait`, a round that holds fewer streams than `expected()` waits up
+    to `max_wait` seconds for the others: unaligned streams then share steps instead of each
+    arriving chunk paying for a whole (memory-bound) step of its own.
+    """
+
+    def __init__(self, expected: Callable[[], int] | None = None, max_wait: float = 0.0) -> None:
         self._q: queue.Queue = queue.Queue()
         self._pending: dict[int, deque[Chunk]] = defaultdict(deque)
+        self._expected = expected
+        self._max_wait = max_wait
 
     def put(self, chunks) -> None:
         self._q.put(chunks)
 
     def next_round(self):
         items = [] if self._pending else [self._q.get()]
-        while True:
-            try:
-                items.append(self._q.get_nowait())
-            except queue.Empty:
-                break
+        self._drain(items)
+        if self._expected and self._max_wait > 0 and not any(i is _STOP for i in items):
+            deadline = time.monotonic() + self._max_wait
+            while self._streams(items) < self._expected() and (left := deadline - time.monotonic()) > 0:
+                try:
+                    items.append(self._q.get(timeout=left))
+                except queue.Empty:
+                    break
+                self._drain(items)
         if any(item is _STOP for item in items):
             return _STOP
         for chunks in items:
@@ -51,6 +62,19 @@ class ChunkRounds:
         heads = [q.popleft() for q in self._pending.values()]
         self._pending = defaultdict(deque, {sid: q for sid, q in self._pending.items() if q})
         return heads
+
+    def _drain(self, items: list) -> None:
+        while True:
+            try:
+                items.append(self._q.get_nowait())
+            except queue.Empty:
+                return
+
+    def _streams(self, items: list) -> int:
+        ids = set(self._pending)
+        for chunks in items:
+            ids.update(c.seq.stream_id for c in chunks if c is not _STOP)
+        return len(ids)
 
 
 class ModelRunner:
@@ -61,6 +85,7 @@ class ModelRunner:
         on_release: Callable[[Sequence], None],
         endpoint_seconds: float = 0.8,
         max_batch: int | None = None,
+        batch_wait: float = 0.0,
     ):
         self.model = model
         self.max_batch = max_batch
@@ -72,7 +97,7 @@ class ModelRunner:
         self._dirty: dict[int, Sequence] = {}
         self._wake = threading.Condition()
         self._flight = threading.Lock()
-        self._encode_q = ChunkRounds()
+        self._encode_q = ChunkRounds(lambda: len(scheduler.active), batch_wait)
         self._decode_q = ChunkRounds()
         self._stopped = False
         self._threads = [
