@@ -86,7 +86,11 @@ class FeatureSet:
         self.dir.mkdir(parents=True, exist_ok=True)
         key = _manifest_hash(self.records, fcfg)
         meta_file = self.dir / "meta.json"
-        if meta_file.exists() and json.loads(meta_file.read_text()).get("key") != key:
+        try:
+            old_key = json.loads(meta_file.read_text()).get("key") if meta_file.exists() else None
+        except (OSError, ValueError):  # being rewritten by another process: same data
+            old_key = key
+        if old_key is not None and old_key != key:
             for p in self.dir.glob("shard_*"):
                 p.unlink()
             meta_file.unlink()
@@ -110,8 +114,11 @@ class FeatureSet:
                     _build_shard(job)
                     if i % 5 == 0 or i == len(jobsl):
                         log(f"[features] {split}: {i}/{len(jobsl)} shards")
-        meta_file.write_text(json.dumps({"key": key, "features": dataclasses.asdict(fcfg),
-                                         "utterances": len(self.records)}))
+        meta = json.dumps({"key": key, "features": dataclasses.asdict(fcfg), "utterances": len(self.records)})
+        if old_key != key or not meta_file.exists():
+            tmp = meta_file.with_name(f"meta.json.tmp{os.getpid()}")
+            tmp.write_text(meta)
+            os.replace(tmp, meta_file)
         self._data = [np.load(self.dir / f"shard_{k:03d}.npy", mmap_mode="r") for k in range(n_shards)]
         self._idx = [np.load(self.dir / f"shard_{k:03d}.idx.npy") for k in range(n_shards)]
         self.lengths = np.concatenate([np.diff(ix) for ix in self._idx]).astype(np.int64)
@@ -218,13 +225,17 @@ def spec_augment(x: np.ndarray, rng: np.random.Generator, freq_masks: int = 2, f
 
 
 def collate(fs: FeatureSet, targets: list[list[int]], batch: list[Example], rng: np.random.Generator,
-            eou_id: int, augment: bool = True):
+            eou_id: int, augment: bool = True, end_frame_prob: float = 0.5):
     """-> feats [B, T, F] float32, lengths [B], targets [B, U] long (0-padded), target lengths [B]."""
     xs, ys = [], []
     for ex in batch:
         x = example_features(fs, ex, rng)
         if augment:
             x = spec_augment(x, rng)
+            if rng.random() < end_frame_prob:
+                # a streaming session ends with one all-zero feature frame (NeMo's zero-masked
+                # STFT tail, see FeatureStream.flush / Sequence._next_chunk): train on it too
+                x = np.concatenate([x, np.zeros((1, x.shape[1]), x.dtype)])
         xs.append(x)
         y: list[int] = []
         for i in ex.parts:

@@ -21,12 +21,13 @@ def _time_mask(h: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
     return (torch.arange(h.size(2), device=h.device)[None, :] < end[:, None]).to(h.dtype)[:, None, :, None]
 
 
-def fast_pre_encode(sub: CausalSubsampling, x: torch.Tensor, lengths: torch.Tensor):
+def fast_pre_encode(sub: CausalSubsampling, x: torch.Tensor, lengths: torch.Tensor, first=None):
     """`sub(x, lengths)` for whole utterances (start 0), ~2.4x faster on CPU for training.
 
     Same parameters and result: channels-last convolutions, and the padding masks applied
     only after the layers that can make padded frames non-zero (and not at all when no
     utterance is padded).  Checked against the module at start-up (`check_fast_encoder`).
+    `first`: (weight, bias) to use for the first conv instead of the module's (see Transducer).
     """
     need = bool((lengths < x.size(1)).any())
     end = lengths
@@ -34,10 +35,11 @@ def fast_pre_encode(sub: CausalSubsampling, x: torch.Tensor, lengths: torch.Tens
     if need:
         h = h * _time_mask(h, end)
     h = h.contiguous(memory_format=torch.channels_last)
-    for layer in sub.conv:
+    for k, layer in enumerate(sub.conv):
         if isinstance(layer, CausalConv2d):
-            w = layer.weight.contiguous(memory_format=torch.channels_last)
-            h = F.conv2d(F.pad(h, (2, 1, 2, 1)), w, layer.bias, layer.stride, 0, 1, layer.groups)
+            w, b = (layer.weight, layer.bias) if k or first is None else first
+            w = w.contiguous(memory_format=torch.channels_last)
+            h = F.conv2d(F.pad(h, (2, 1, 2, 1)), w, b, layer.stride, 0, 1, layer.groups)
             end = (end + 3 - 3) // 2 + 1
             if need:
                 h = h * _time_mask(h, end)
@@ -51,11 +53,11 @@ def fast_pre_encode(sub: CausalSubsampling, x: torch.Tensor, lengths: torch.Tens
     return sub.out(h.transpose(1, 2).reshape(b, t, c * f)), end
 
 
-def fast_encoder_forward(model: ParakeetModel, feats: torch.Tensor, lengths: torch.Tensor):
+def fast_encoder_forward(model: ParakeetModel, feats: torch.Tensor, lengths: torch.Tensor, first=None):
     """`model.encoder(feats, lengths)` (default lookahead) with `fast_pre_encode`."""
     enc = model.encoder
     lookahead = enc.check_lookahead(None)
-    x, lens = fast_pre_encode(enc.pre_encode, feats, lengths)
+    x, lens = fast_pre_encode(enc.pre_encode, feats, lengths, first)
     x = enc._scale(x)
     t = x.size(1)
     pos = torch.arange(t, device=x.device)
@@ -80,19 +82,69 @@ def check_fast_encoder(model: ParakeetModel, feats: torch.Tensor, lengths: torch
 
 
 class Transducer(nn.Module):
-    """ParakeetModel + the training-only CTC head."""
+    """ParakeetModel + the training-only CTC head.
 
-    def __init__(self, model: ParakeetModel, fast: bool = True):
+    The first subsampling convolution reads raw (unnormalised) log-mel, whose values sit
+    around -12 with a spread of ~3.  Trained directly, every weight update of that conv
+    shifts its output by ~12x as much as it changes the signal path, and the encoder
+    collapses to an input-independent output (measured: CTC stuck at the blank plateau).
+    So the optimiser sees that conv in NORMALISED coordinates (`conv0_weight`,
+    `conv0_bias`, as if the input were (x - mean) / std) and the model's raw-space conv is
+    derived from them (`raw_conv0`, exact: the model keeps reading raw features with zero
+    padding).  `sync()` writes the raw-space weights into the model (done after every
+    optimiser step), so the exported model needs no normalisation.
+    """
+
+    def __init__(self, model: ParakeetModel, in_mean: float = 0.0, in_std: float = 1.0):
         super().__init__()
         self.model = model
-        self.fast = fast
         self.blank = model.cfg.decoder.num_classes
         self.ctc_head = nn.Linear(model.cfg.encoder.d_model, self.blank + 1)
+        conv0 = model.encoder.pre_encode.conv[0]
+        self.register_buffer("in_mean", torch.tensor(float(in_mean)))
+        self.register_buffer("in_std", torch.tensor(float(in_std)))
+        # default (normalised-space) initialisation of the conv, reparametrised
+        self.conv0_weight = nn.Parameter(conv0.weight.detach().clone(memory_format=torch.channels_last))
+        self.conv0_bias = nn.Parameter(conv0.bias.detach().clone())
+        conv0.weight.requires_grad_(False)
+        conv0.bias.requires_grad_(False)
+        self.sync()
+
+    @torch.no_grad()
+    def init_pre_encode(self) -> None:
+        """He-normal weights and zero biases in the subsampling stack (normalised coordinates).
+
+        PyTorch's default init shrinks the signal ~3x per layer while adding a constant bias,
+        so at init the pre-encoder output is mostly the same vector at every frame; with
+        He init the time-varying part dominates and CTC leaves its blank plateau sooner
+        (measured: ~2x lower CTC loss after 100 steps on a small overfit test).
+        """
+        pe = self.model.encoder.pre_encode
+        for mod in pe.conv:
+            if isinstance(mod, nn.Conv2d):
+                nn.init.kaiming_normal_(mod.weight, nonlinearity="relu")
+                mod.bias.zero_()
+        nn.init.kaiming_normal_(pe.out.weight, nonlinearity="linear")
+        pe.out.bias.zero_()
+        self.conv0_weight.copy_(pe.conv[0].weight)
+        self.conv0_bias.zero_()
+        self.sync()
+
+    def raw_conv0(self) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.conv0_weight / self.in_std
+        return w, self.conv0_bias - self.in_mean * w.sum(dim=(1, 2, 3))
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        conv0 = self.model.encoder.pre_encode.conv[0]
+        w, b = self.raw_conv0()
+        conv0.weight.copy_(w)
+        conv0.bias.copy_(b)
 
     def forward(self, feats, lengths, targets, target_lengths, ctc_weight: float = 0.3):
         """feats [B, T, F], lengths [B], targets [B, U], target_lengths [B] -> dict of losses."""
         m = self.model
-        enc, enc_len = fast_encoder_forward(m, feats, lengths) if self.fast else m.encoder(feats, lengths)
+        enc, enc_len = fast_encoder_forward(m, feats, lengths, self.raw_conv0())
         enc_len = enc_len.clamp(min=1, max=enc.size(1))
         b = enc.size(0)
         n_tokens = target_lengths.sum().clamp(min=1).float()
@@ -119,19 +171,6 @@ class Transducer(nn.Module):
             loss = loss + ctc_weight * ctc
         out["loss"] = loss
         return out
-
-
-def init_input_layer(model: ParakeetModel, mean: float, std: float) -> None:
-    """Data-dependent init of the first subsampling conv for raw (unnormalised) log-mel input.
-
-    The model reads raw log-mel features (no normalisation, like NVIDIA's streaming models);
-    scaling the first conv by 1/std and centring its bias on the feature mean makes its
-    initial outputs look as if the input had been normalised.  Training stays in raw units.
-    """
-    conv = model.encoder.pre_encode.conv[0]
-    with torch.no_grad():
-        conv.weight.div_(std)
-        conv.bias.sub_(mean * conv.weight.sum(dim=(1, 2, 3)))
 
 
 @torch.no_grad()
