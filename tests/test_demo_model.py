@@ -185,3 +185,31 @@ def test_streaming_equals_offline_forward(engine, transcripts):
             emission, _ = model.decoder.decode(enc[:, :n], torch.tensor([n]), model.decoder.initial_state(1))
         stream = [(tok, round(t / model.frame_seconds)) for r in results for tok, t in zip(r.token_ids, r.token_times)]
         assert emission.token == [tok for tok, f in stream if f < n], item["text"]
+
+
+@pytest.mark.parametrize("kind", ["tcp", "ws", "realtime"])
+async def test_server_transports_give_parakeet_transcribe_text(engine, sentences, kind, tmp_path):
+    """The same audio through the server (TCP, WebSocket, /v1/realtime) gives parakeet-transcribe's text."""
+    import soundfile as sf
+
+    from parakeet_stream.audio import read_audio
+    from parakeet_stream.transcribe import transcribe_streaming
+    from test_server_support import Raw, pcm16_b64, pcm16_exact, running_server, transcribe_raw, url
+
+    audio = pcm16_exact(synth(sentences["seen_voices"][0], seed=0))
+    wav = tmp_path / "s.wav"
+    sf.write(wav, audio, RATE, subtype="PCM_16")
+    expected = transcribe_streaming(engine, {"s": read_audio(wav)})["s"].text
+    assert expected
+    async with running_server(engine) as ctx:
+        if kind == "realtime":
+            async with Raw.open(url(ctx, "ws", "/v1/realtime")) as conn:
+                await conn.recv()
+                await conn.send({"type": "input_audio_buffer.commit"})
+                for i in range(0, len(audio), 2048):
+                    await conn.send({"type": "input_audio_buffer.append", "audio": pcm16_b64(audio[i : i + 2048])})
+                await conn.send({"type": "input_audio_buffer.commit", "final": True})
+                got = (await conn.until("transcription.done"))[-1]["text"]
+        else:
+            got = (await transcribe_raw(url(ctx, kind), audio))[-1]["text"]
+    assert got.strip() == expected
