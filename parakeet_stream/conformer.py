@@ -167,6 +167,10 @@ class ConformerEncoder(nn.Module):
         """Whole utterances: feats [B, T, feat_in], lengths [B] -> (encoded [B, T', D], lengths [B])."""
         lookahead = self.check_lookahead(lookahead)
         x, lens, _ = self.pre_encode(feats, lengths)
+        return self.encode_subsampled(x, lens, lookahead), lens
+
+    def encode_subsampled(self, x: torch.Tensor, lens: torch.Tensor, lookahead: Lookahead) -> torch.Tensor:
+        """The conformer layers over whole pre-encoded utterances x [B, T', D] -> [B, T', D]."""
         x = self._scale(x)
         t = x.size(1)
         pos = torch.arange(t, device=x.device)
@@ -176,7 +180,7 @@ class ConformerEncoder(nn.Module):
         pos_emb = self._pos_emb(t, x)
         for layer in self.layers:
             x, _, _ = layer(x, pos_emb, att_mask, pad_mask)
-        return x, lens
+        return x
 
     def stream_pre_encode(self, feats, lengths, start, lookahead: Lookahead):
         """Subsample one chunk of each stream: feats [B, window, feat_in] (pre-encode cache + new

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..attention import chunked_limited_allowed
 from ..model import ParakeetModel
 from ..subsampling import CausalConv2d, CausalSubsampling
 from .rnnt_loss import rnnt_logprobs, rnnt_loss_from_logprobs
@@ -58,16 +57,7 @@ def fast_encoder_forward(model: ParakeetModel, feats: torch.Tensor, lengths: tor
     enc = model.encoder
     lookahead = enc.check_lookahead(None)
     x, lens = fast_pre_encode(enc.pre_encode, feats, lengths, first)
-    x = enc._scale(x)
-    t = x.size(1)
-    pos = torch.arange(t, device=x.device)
-    valid = pos.unsqueeze(0) < lens.unsqueeze(1)
-    allowed = chunked_limited_allowed(pos, pos, lookahead).unsqueeze(0) & valid.unsqueeze(1) & valid.unsqueeze(2)
-    att_mask, pad_mask = ~allowed, ~valid
-    pos_emb = enc._pos_emb(t, x)
-    for layer in enc.layers:
-        x, _, _ = layer(x, pos_emb, att_mask, pad_mask)
-    return x, lens
+    return enc.encode_subsampled(x, lens, lookahead), lens
 
 
 @torch.no_grad()
