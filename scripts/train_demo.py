@@ -45,17 +45,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from parakeet_stream.config import DecoderConfig, EncoderConfig, FeatureConfig, ModelConfig  # noqa: E402
-from parakeet_stream.model import ParakeetModel  # noqa: E402
-from parakeet_stream.tokenizer import Tokenizer  # noqa: E402
-from parakeet_stream.training.data import FeatureSet, collate, plan_epoch, wer  # noqa: E402
-from parakeet_stream.training.export import atomic_write, copy_model, export_model, remove_stale_temp  # noqa: E402
-from parakeet_stream.training.objective import (  # noqa: E402
-    Transducer, check_fast_encoder, transcribe_offline)  # noqa: E402
-from parakeet_stream.training.threads import ThreadGovernor  # noqa: E402
+from parakeet_stream.config import (
+    DecoderConfig,
+    EncoderConfig,
+    FeatureConfig,
+    ModelConfig,
+)
+from parakeet_stream.model import ParakeetModel
+from parakeet_stream.tokenizer import Tokenizer
+from parakeet_stream.training.data import FeatureSet, collate, plan_epoch, wer
+from parakeet_stream.training.export import (
+    atomic_write,
+    copy_model,
+    export_model,
+    remove_stale_temp,
+)
+from parakeet_stream.training.objective import (
+    Transducer,
+    check_fast_encoder,
+    transcribe_offline,
+)
+from parakeet_stream.training.threads import ThreadGovernor
 
 COMMAND = "python scripts/train_demo.py"
 
@@ -395,7 +408,6 @@ def main(argv=None) -> int:
     acc = {"loss": 0.0, "rnnt": 0.0, "ctc": 0.0, "n": 0, "audio": 0.0, "t": 0.0}
     batches = None
     warm_batches = None
-    seg_start = time.monotonic()  # start of the current un-logged training segment
     while True:
         warm = st["step"] < args.warm_steps
         if warm:

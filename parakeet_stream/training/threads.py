@@ -51,11 +51,12 @@ def initial_threads(cores: int) -> int:
 class ThreadGovernor:
     """`--threads auto`: re-evaluate every `period` seconds; `--threads N`: fixed N."""
 
-    def __init__(self, spec: str | int, period: float = 30.0, log=print):
+    def __init__(self, spec: str | int, period: float = 10.0, log=print):
         self.cores = available_cores()
         self.auto = str(spec) == "auto"
         self.period = period
         self.log = log
+        self._quiet = 0
         n = initial_threads(self.cores) if self.auto else max(1, int(spec))
         self._set(n, "start")
         self._mark = (time.monotonic(), _busy_jiffies(), _own_cpu())
@@ -80,6 +81,13 @@ class ThreadGovernor:
         others = self.others()
         if others is None:
             return
-        n = max(1, min(self.cores, int(self.cores - others + 0.35)))
+        # fewer threads as soon as others take a noticeable share (an oversubscribed step can
+        # be 10x slower); more again only after two quiet checks in a row
+        n = max(1, min(self.cores, int(self.cores - others + 0.7)))
+        if n > self.threads:
+            self._quiet += 1
+            if self._quiet < 2:
+                return
+        self._quiet = 0
         if n != self.threads:
             self._set(n, f"other processes use {others:.2f} core(s)")
