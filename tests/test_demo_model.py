@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from helpers import run_stream, tokens_of
+from parakeet_stream.training.data import edit_distance
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "weights" / "demo"
@@ -70,14 +71,7 @@ def synth(item: dict, seed: int, lead: float = 0.2, tail: float = 0.15) -> np.nd
 
 
 def word_errors(ref: str, hyp: str) -> int:
-    a, b = ref.split(), hyp.split()
-    prev = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        cur = [i] + [0] * len(b)
-        for j, y in enumerate(b, 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y))
-        prev = cur
-    return prev[-1]
+    return edit_distance(ref.split(), hyp.split())
 
 
 @pytest.fixture(scope="module")
