@@ -38,6 +38,7 @@ class ParakeetModel(nn.Module):
         self.encoder = ConformerEncoder(cfg.encoder)
         self.decoder = GreedyDecoder(cfg.encoder.d_model, cfg.decoder)
         self.tokenizer: Tokenizer | None = None
+        self.encoder_dtype = torch.float32  # see precision.set_precision
 
     @property
     def frame_seconds(self) -> float:
@@ -52,6 +53,7 @@ class ParakeetModel(nn.Module):
         state = load_file(str(folder / "model.safetensors"))
         model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
         model.tokenizer = Tokenizer(folder / "tokenizer.model")
+        model.encoder_dtype = dtype
         return model.to(device=device, dtype=dtype).eval()
 
 

@@ -159,8 +159,7 @@ def test_worker_exception_fails_only_that_batch(eou_model, wavs, stage):
 
         def faulty(batch):
             # chunks of an already failed stream are dropped before any model work, as the stage does
-            seqs = [getattr(x, "seq", x) for x in batch]
-            if {s.stream_id for s in seqs if not s.failed} & poisoned:
+            if {item.seq.stream_id for item in batch if item.live} & poisoned:
                 raise RuntimeError("injected fault")
             return real(batch)
 

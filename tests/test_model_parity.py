@@ -8,7 +8,8 @@ import torch
 from helpers import collect_until_final, run_stream, tokens_of
 from parakeet_stream.conformer import EncoderCache
 from parakeet_stream.engine import ASREngine
-from parakeet_stream.engine.sequence import Sequence, feature_batch
+from parakeet_stream.engine import chunker
+from parakeet_stream.engine.sequence import Sequence
 from parakeet_stream.features import FeatureStream
 from parakeet_stream.tokenizer import IncrementalDetokenizer
 
@@ -38,15 +39,15 @@ def engines(models):
 @torch.inference_mode()
 def stream_encoder(model, audio, lookahead) -> torch.Tensor:
     """Encoder outputs of one stream, chunk by chunk, through the engine's own chunking code."""
+    fcfg = model.cfg.features
     seq = Sequence(0, lookahead, model.encoder.chunk_spec(lookahead), FeatureStream(model.features),
-                   IncrementalDetokenizer(model.tokenizer), model.cfg.features.n_mels)
+                   IncrementalDetokenizer(model.tokenizer), fcfg.n_mels, fcfg.hop_length, fcfg.n_fft)
     seq.add_samples(audio)
-    seq.final_requested = True
-    feature_batch(model.features, [seq], {0})
+    chunker.add_features(model.features, [seq], [True])
     cache = EncoderCache.zeros(model.cfg.encoder, 1)
     outs = []
-    for chunk in seq.cut_chunks(model.cfg.features.hop_length, model.cfg.features.n_fft):
-        x, lens = model.encoder.stream_pre_encode(chunk.window[None], torch.tensor([chunk.length]),
+    for chunk in chunker.cut(seq, 0, ending=True):
+        x, lens = model.encoder.stream_pre_encode(chunk.frames[None], torch.tensor([chunk.length]),
                                                   torch.tensor([chunk.start]), lookahead)
         enc = model.encoder.stream_layers(x, lens, cache, torch.tensor([0]), lookahead)
         outs.append(enc[0, : lens[0]])

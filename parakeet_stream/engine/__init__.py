@@ -1,6 +1,6 @@
 """Multi-stream engine: Sequence, Scheduler, ModelRunner behind the ASREngine API."""
 
 from .asr_engine import ASREngine, EngineError, QueueFull
-from .sequence import StreamResult
+from .results import StreamResult
 
 __all__ = ["ASREngine", "EngineError", "QueueFull", "StreamResult"]

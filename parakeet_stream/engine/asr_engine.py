@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from pathlib import Path
 from typing import Callable
@@ -14,10 +15,12 @@ from ..audio import check_samples
 from ..config import Lookahead
 from ..features import FeatureStream
 from ..model import ParakeetModel
+from ..precision import set_precision
 from ..tokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
 from .scheduler import QueueFullError, Scheduler
-from .sequence import Sequence, Status, StreamResult
+from .results import StreamResult
+from .sequence import Sequence, Status
 
 
 class EngineError(Exception):
@@ -44,6 +47,14 @@ def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dt
     return max(1, min(cap, int(free * 0.5) // max(per_slot, 1)))
 
 
+def default_threads() -> int:
+    """Intra-op threads per stage: the cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def _available_ram() -> int:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -65,25 +76,27 @@ class ASREngine:
         max_queue: int = 256,
         lookahead: Lookahead | None = None,
         endpoint_seconds: float = 0.8,
-        dtype: torch.dtype = torch.float32,
+        dtype: str | torch.dtype = torch.float32,
+        quantize: str | None = None,
         max_batch: int | None = None,
-        batch_wait: float | None = None,
+        latency_budget: float | None = None,
+        threads: int | None = None,
     ):
         self.device = torch.device(device)
         if not isinstance(model, ParakeetModel):
-            model = ParakeetModel.from_dir(model, self.device, dtype)
-        self.model = model
+            model = ParakeetModel.from_dir(model, self.device)
+        self.model = set_precision(model, dtype, quantize)
         self.default_lookahead = self._check_lookahead(lookahead or model.cfg.default_lookahead)
         if max_num_streams == "auto":
-            max_num_streams = auto_num_streams(model, self.device, dtype)
-        self.scheduler = Scheduler(model, int(max_num_streams), max_queue, self.device, dtype)
-        if batch_wait is None:  # a quarter of the shortest chunk: bigger steps, bounded extra latency
-            batch_wait = 0.25 * min(self.chunk_seconds(m) for m in self.lookahead_modes)
-        self.runner = ModelRunner(model, self.scheduler, self._on_release, endpoint_seconds, max_batch, batch_wait)
+            max_num_streams = auto_num_streams(model, self.device, model.encoder_dtype)
+        if latency_budget is None:  # two chunks: a chunk may wait for others to share its step
+            latency_budget = 2 * min(self.chunk_seconds(m) for m in self.lookahead_modes)
+        self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_budget, self.sample_rate, max_batch,
+                                   max_in_flight=2 if self.device.type == "cuda" else 1)
+        self.runner = ModelRunner(model, self.scheduler, self._notify_all, endpoint_seconds, threads or default_threads())
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._updated = threading.Condition()
         self._audio_seconds = 0.0
         self._started = False
 
@@ -124,13 +137,16 @@ class ASREngine:
     def create_stream(self, lookahead: Lookahead | None = None) -> int:
         mode = self._check_lookahead(lookahead) if lookahead is not None else self.default_lookahead
         sid = next(self._ids)
+        fcfg = self.model.cfg.features
         seq = Sequence(
             stream_id=sid,
             lookahead=mode,
             spec=self.model.encoder.chunk_spec(mode),
             frames=FeatureStream(self.model.features),
             detok=IncrementalDetokenizer(self.model.tokenizer),
-            n_mels=self.model.cfg.features.n_mels,
+            n_mels=fcfg.n_mels,
+            hop=fcfg.hop_length,
+            n_fft=fcfg.n_fft,
         )
         with self._lock:
             self._seqs[sid] = seq
@@ -147,35 +163,29 @@ class ASREngine:
 
     def push_audio(self, sid: int, samples) -> None:
         seq = self._seq(sid)
-        if seq.final_requested or seq.cancelled:
-            raise EngineError("stream_closed", "audio after the end of the stream")
-        if seq.failed:
+        if seq.status is Status.FAILED:
             raise EngineError("inference_error", "the stream failed")
+        if seq.final_at is not None or seq.status in (Status.CANCELLED, Status.FINISHED):
+            raise EngineError("stream_closed", "audio after the end of the stream")
         samples = check_samples(np.asarray(samples, dtype=np.float32))
         if samples.size:
             seq.add_samples(samples)
             with self._lock:
                 self._audio_seconds += samples.size / self.sample_rate
-            self.runner.wake(seq)
+            self.scheduler.audio_arrived()
 
     def finalize(self, sid: int) -> None:
-        seq = self._seq(sid)
-        if seq.final_requested or seq.cancelled:
-            return
-        seq.final_requested = True
-        self.runner.wake(seq)
+        self.scheduler.finish(self._seq(sid))
 
     def cancel(self, sid: int) -> None:
         with self._lock:
             seq = self._seqs.pop(sid, None)
-        if seq is None:
-            return
-        if seq.status is Status.WAITING:
-            seq.cancelled = True
-            self._notify_all(self.scheduler.remove_waiting(seq))
-            if seq.slot is None:
-                return
-        self.runner.cancel(seq)
+        if seq is not None:
+            self._notify_all(self.scheduler.cancel(seq))
+
+    def buffered_bytes(self, sid: int) -> int:
+        """Memory the engine holds for the stream's audio not yet transcribed."""
+        return self._seq(sid).buffered_bytes()
 
     def collect(self, sid: int) -> list[StreamResult]:
         with self._lock:
@@ -207,6 +217,10 @@ class ASREngine:
             with seq.lock:
                 seq.listeners.remove(event.set)
 
+    def healthy(self) -> bool:
+        """The stage threads are running (False once one has died or the engine stopped)."""
+        return self._started and self.runner.alive()
+
     def stats(self) -> dict:
         out = self.scheduler.stats()
         with self._lock:
@@ -220,13 +234,6 @@ class ASREngine:
         if seq is None:
             raise EngineError("unknown_stream", f"no stream {sid}")
         return seq
-
-    def _on_release(self, seq: Sequence) -> None:
-        changed = self.scheduler.release(seq)
-        for other in changed:
-            if other.slot is not None:
-                self.runner.wake(other)
-        self._notify_all(changed)
 
     @staticmethod
     def _notify_all(seqs) -> None:

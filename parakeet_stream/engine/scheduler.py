@@ -1,44 +1,84 @@
-"""Admission (a bounded waiting queue in front of the active set) and the pool of cache slots.
+"""The Scheduler: every stream's lifecycle, admission, and what the model runs next.
 
-Encoder caches and decoder states of every slot are allocated once, as `[layers, slots, ...]`
-tensors; a stream holds a slot index while it is active and the slot is zeroed on release.
+As nano-vllm's: `schedule()` picks the next step (which streams, how many of their chunks)
+by the deadline policy in policy.py; the runner executes it; `postprocess()` takes it back,
+releases finished streams' slots and admits waiting ones. Stream status, slot and in-flight
+count change here only, under one lock.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
+from dataclasses import dataclass, field
 
 import torch
 
-from ..conformer import EncoderCache
-from ..model import ParakeetModel
-from ..rnnt import DecoderState
+from .policy import Ready, StepCost, plan
 from .sequence import Sequence, Status
+
+DEAD = (Status.CANCELLED, Status.FAILED)
+BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
 
 
 class QueueFullError(RuntimeError):
     pass
 
 
+@dataclass
+class StepItem:
+    """One stream's share of a step; the stages fill in what they produce."""
+
+    seq: Sequence
+    slot: int
+    chunks: int  # complete chunks to cut; with `last`, everything left
+    last: bool  # the stream's final step
+    first: bool  # the stream's first chunk is in it: its cache slot starts from zero
+    ready_times: list[float]  # arrival of the last sample each complete chunk needed
+    pre: list[tuple[torch.Tensor, int]] = field(default_factory=list)  # pre-encoded chunks (x, valid)
+    encoded: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def live(self) -> bool:
+        return self.seq.status not in DEAD
+
+
+@dataclass
+class Step:
+    items: list[StepItem]
+    started: float
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
 class Scheduler:
-    def __init__(self, model: ParakeetModel, max_num_streams: int, max_queue: int, device, dtype):
+    def __init__(self, max_num_streams: int, max_queue: int, budget: float, sample_rate: int,
+                 max_batch: int | None = None, max_in_flight: int = 1, max_chunks_per_step: int = 8):
         self.max_num_streams = max_num_streams
         self.max_queue = max_queue
-        self.cache = EncoderCache.zeros(model.cfg.encoder, max_num_streams, device, dtype)
-        start = model.decoder.initial_state(1, device, dtype)
-        self._start_state = start
-        self.decoder = DecoderState(
-            start.h.repeat(1, max_num_streams, 1), start.c.repeat(1, max_num_streams, 1), start.g.repeat(max_num_streams, 1)
-        )
+        self.budget = budget
+        self.sample_rate = sample_rate
+        self.max_batch = max_batch or max_num_streams
+        self.max_in_flight = max_in_flight
+        self.max_chunks_per_step = max_chunks_per_step
+        self.cost = StepCost()
         self.free: deque[int] = deque(range(max_num_streams))
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
-        self.lock = threading.Lock()
+        self._steps_in_flight = 0
+        self._busy: deque[tuple[float, float]] = deque()  # (end, seconds) of recent steps
+        self._stopped = False
+        self._cv = threading.Condition()
 
+    # --- admission and lifecycle (client threads) -------------------------------------
     def add(self, seq: Sequence) -> bool:
         """Admit now (True) or queue (False); raises QueueFullError when the waiting queue is full."""
-        with self.lock:
+        with self._cv:
             if self.free and not self.waiting:
                 self._admit(seq)
                 return True
@@ -48,58 +88,138 @@ class Scheduler:
             return False
 
     def position(self, seq: Sequence) -> int:
-        with self.lock:
-            if seq.status is not Status.WAITING:
-                return 0
-            try:
-                return self.waiting.index(seq) + 1
-            except ValueError:
-                return 0
+        with self._cv:
+            return self.waiting.index(seq) + 1 if seq.status is Status.WAITING and seq in self.waiting else 0
 
-    def remove_waiting(self, seq: Sequence) -> list[Sequence]:
-        """Drop a queued stream; returns the streams whose position changed."""
-        with self.lock:
-            if seq not in self.waiting:
-                return []
-            i = self.waiting.index(seq)
-            self.waiting.remove(seq)
-            return list(self.waiting)[i:]
+    def audio_arrived(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
 
-    def release(self, seq: Sequence) -> list[Sequence]:
-        """Free the stream's slot and admit waiting streams; returns every stream whose state changed."""
-        with self.lock:
-            if seq.slot is None:
-                return []
-            slot = seq.slot
-            self._reset(slot)
-            seq.slot = None
-            seq.status = Status.DONE
-            self.active.pop(seq.stream_id, None)
-            self.free.append(slot)
-            admitted = []
-            while self.free and self.waiting:
-                nxt = self.waiting.popleft()
-                self._admit(nxt)
-                admitted.append(nxt)
-            return admitted + (list(self.waiting) if admitted else [])
+    def finish(self, seq: Sequence) -> bool:
+        """The client's final: the rest of its audio is transcribed. False if it had already ended."""
+        with self._cv:
+            if seq.final_at is not None or seq.status in DEAD:
+                return False
+            seq.final_at = time.monotonic()
+            if seq.status is Status.RUNNING:
+                seq.status = Status.ENDING
+            self._cv.notify_all()
+            return True
 
-    def _admit(self, seq: Sequence) -> None:
-        seq.slot = self.free.popleft()
-        seq.status = Status.ACTIVE
-        self.active[seq.stream_id] = seq
+    def cancel(self, seq: Sequence) -> list[Sequence]:
+        """The client left: drop its work. Returns the streams whose queue state changed."""
+        with self._cv:
+            if seq.status is Status.WAITING:
+                seq.status = Status.CANCELLED
+                i = self.waiting.index(seq)
+                self.waiting.remove(seq)
+                return list(self.waiting)[i:]
+            if seq.status in (Status.RUNNING, Status.ENDING):
+                seq.status = Status.CANCELLED
+                if seq.in_flight == 0:
+                    return self._release(seq)
+            return []
 
-    def _reset(self, slot: int) -> None:
-        idx = torch.tensor([slot], device=self.cache.length.device)
-        self.cache.reset(idx)
-        self.decoder.h[:, slot] = self._start_state.h[:, 0]
-        self.decoder.c[:, slot] = self._start_state.c[:, 0]
-        self.decoder.g[slot] = self._start_state.g[0]
+    # --- steps (pre-encode thread) ---------------------------------------------------------
+    def schedule(self) -> Step | None:
+        """Block until the policy starts a step; None once stopped."""
+        with self._cv:
+            while not self._stopped:
+                timeout = None
+                if self._steps_in_flight < self.max_in_flight:
+                    now = time.monotonic()
+                    ready, upcoming = self._candidates(now)
+                    batch, timeout = plan(ready, upcoming, now, self.cost, self.budget, self.max_batch, self._busy_fraction(now))
+                    if batch:
+                        return self._make_step(batch, now)
+                self._cv.wait(timeout)
+            return None
+
+    def postprocess(self, step: Step, failed: bool = False) -> tuple[list[Sequence], list[Sequence]]:
+        """A step is done (or failed). Returns (streams that failed now, streams whose slot or queue place changed)."""
+        now = time.monotonic()
+        with self._cv:
+            self._steps_in_flight -= 1
+            if not failed:
+                self.cost.record(len(step), now - step.started)
+            self._busy.append((now, now - step.started))
+            newly_failed, changed = [], []
+            for item in step:
+                seq = item.seq
+                seq.in_flight -= 1
+                if failed and seq.status not in DEAD:
+                    seq.status = Status.FAILED
+                    newly_failed.append(seq)
+                if seq.in_flight == 0 and (seq.status in DEAD or item.last):
+                    changed += self._release(seq)
+            self._cv.notify_all()
+            return newly_failed, changed
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
 
     def stats(self) -> dict:
-        with self.lock:
+        with self._cv:
             return {
                 "active": len(self.active),
                 "queued": len(self.waiting),
                 "free_slots": len(self.free),
                 "max_num_streams": self.max_num_streams,
             }
+
+    # --- internals (lock held) ----------------------------------------------------------------
+    def _candidates(self, now: float) -> tuple[list[Ready[Sequence]], list[float]]:
+        ready, upcoming = [], []
+        for seq in self.active.values():
+            if seq.end_scheduled or seq.status in DEAD:
+                continue
+            with seq.lock:
+                if seq.ready_times:
+                    ready.append(Ready(seq.ready_times[0], seq))
+                elif seq.status is Status.ENDING:
+                    ready.append(Ready(seq.final_at, seq))
+                elif seq.chunks_complete:  # predicted from real-time pacing
+                    missing = seq.samples_for(seq.chunks_complete) - seq.samples_in
+                    upcoming.append(seq.last_arrival + missing / self.sample_rate)
+        return ready, upcoming
+
+    def _make_step(self, seqs: list[Sequence], now: float) -> Step:
+        items = []
+        for seq in seqs:
+            # a long backlog goes in several steps so that live streams are not held behind it
+            last = seq.status is Status.ENDING and len(seq.ready_times) <= self.max_chunks_per_step
+            times = seq.take_ready(self.max_chunks_per_step)
+            first = seq.chunks_scheduled == 0
+            seq.chunks_scheduled += len(times)
+            seq.end_scheduled = last
+            seq.in_flight += 1
+            items.append(StepItem(seq, seq.slot, len(times), last, first, times))
+        self._steps_in_flight += 1
+        return Step(items, now)
+
+    def _busy_fraction(self, now: float) -> float:
+        while self._busy and self._busy[0][0] < now - BUSY_WINDOW:
+            self._busy.popleft()
+        return sum(seconds for _, seconds in self._busy) / BUSY_WINDOW
+
+    def _admit(self, seq: Sequence) -> None:
+        seq.slot = self.free.popleft()
+        seq.status = Status.ENDING if seq.final_at is not None else Status.RUNNING
+        self.active[seq.stream_id] = seq
+
+    def _release(self, seq: Sequence) -> list[Sequence]:
+        """Free the stream's slot and admit waiting streams; returns every stream whose state changed."""
+        self.free.append(seq.slot)
+        seq.slot = None
+        if seq.status is Status.ENDING:
+            seq.status = Status.FINISHED
+        self.active.pop(seq.stream_id, None)
+        admitted = []
+        while self.free and self.waiting:
+            nxt = self.waiting.popleft()
+            self._admit(nxt)
+            admitted.append(nxt)
+        self._cv.notify_all()
+        return admitted + (list(self.waiting) if admitted else [])

@@ -1,0 +1,58 @@
+"""Reduced precision for the encoder, opt-in and refused where the device cannot run it.
+
+Only the encoder changes precision (it holds nearly all the weights and the time); features,
+the prediction network and the joint stay float32, so greedy decisions see float32 logits.
+float32 is the default and the one that is token-exact with NeMo.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZE = ("int8",)
+
+
+class PrecisionError(ValueError):
+    pass
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise PrecisionError(f"unsupported dtype {dtype} (choose {', '.join(DTYPES)})")
+        return dtype
+    if dtype not in DTYPES:
+        raise PrecisionError(f"unknown dtype {dtype!r} (choose {', '.join(DTYPES)})")
+    return DTYPES[dtype]
+
+
+def check_precision(device: torch.device, dtype: torch.dtype, quantize: str | None) -> None:
+    """Raise PrecisionError with a one-line reason where `device` cannot run the mode."""
+    if quantize is not None and quantize not in QUANTIZE:
+        raise PrecisionError(f"unknown quantization {quantize!r} (choose {', '.join(QUANTIZE)})")
+    if quantize == "int8":
+        if device.type != "cpu":
+            raise PrecisionError("--quantize int8 (dynamic int8 matmuls) runs on CPU only; use --dtype float16 on GPUs")
+        if dtype != torch.float32:
+            raise PrecisionError("--quantize int8 quantizes a float32 encoder: leave --dtype at float32")
+        if torch.backends.quantized.engine in (None, "none"):
+            raise PrecisionError("this torch build has no quantized CPU kernels (fbgemm/onednn/x86)")
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise PrecisionError(f"{torch.cuda.get_device_name(device)} has no bfloat16 support: use --dtype float16")
+
+
+def set_precision(model, dtype: str | torch.dtype = torch.float32, quantize: str | None = None):
+    """Cast (or quantize) `model.encoder` in place; sets `model.encoder_dtype` (the dtype of its activations)."""
+    dtype = parse_dtype(dtype)
+    check_precision(model.features.fb.device, dtype, quantize)
+    model.encoder.to(dtype)
+    if quantize == "int8":
+        with warnings.catch_warnings():  # torch.ao's dynamic quantization warns that it moves to torchao
+            warnings.simplefilter("ignore")
+            model.encoder = torch.ao.quantization.quantize_dynamic(model.encoder, {nn.Linear}, dtype=torch.qint8)
+    model.encoder_dtype = dtype
+    return model
