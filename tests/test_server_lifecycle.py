@@ -30,7 +30,7 @@ from test_server_support import (  # noqa: F401 - fixtures are used by name
 
 @pytest.fixture
 def server_process(tiny_model_dir):
-    server = ServerProcess(tiny_model_dir, "--max-num-streams", "3", "--max-queue", "4")
+    server = ServerProcess(tiny_model_dir, "--max-num-streams", "3", "--max-queue", "4", "--drain-timeout", "1")
     yield server
     server.close()
 
@@ -73,6 +73,7 @@ async def test_vanishing_clients_free_their_slots_within_a_second(server_process
 
 
 async def test_sigterm_drains_active_streams_and_exits_0(server_process, sentence):
+    """Streams that never end are finalized when the drain timeout (1 s here) passes."""
     async with trio.open_nursery() as nursery:
         outcomes: dict[str, list] = {}
 
@@ -217,8 +218,9 @@ async def test_http_endpoints(engine):
         async with trio.open_nursery() as nursery:
             for _ in range(engine.stats()["max_num_streams"]):
                 await nursery.start(_held, url(ctx, "tcp"))
-            status, body = await http_get(port, "/ready")
-            assert status == 503 and orjson.loads(body)["free_slots"] == 0
+            status, body = await http_get(port, "/ready")  # slots full, but the queue has room
+            assert status == 200 and orjson.loads(body)["free_slots"] == 0
+            assert orjson.loads(body)["reason"] == "queue_room"
             status, body = await http_get(port, "/metrics")
             assert metric(body, "parakeet_active_streams") == engine.stats()["max_num_streams"]
             nursery.cancel_scope.cancel()

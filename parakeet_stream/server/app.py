@@ -1,4 +1,4 @@
-"""Listeners for TCP, WebSocket and HTTP; graceful drain on shutdown."""
+"""Listeners for TCP, WebSocket, HTTP and the HAProxy agent; graceful drain on shutdown."""
 from __future__ import annotations
 
 import logging
@@ -12,12 +12,14 @@ from trio_websocket import WebSocketRequest, WebSocketServer
 from .context import ServerContext
 from .http import handle_http
 from .native import NativeSession
+from .replica import handle_agent
 from .tcp import TcpChannel
 from .websocket import handle_request
 
 log = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 0.05
+FINAL_GRACE_S = 5.0  # after the drain timeout: time for the finalized streams' final results
 # Per-connection kernel send buffer (accepted sockets inherit it from the listener): bounds
 # what a client that stops reading can pile up before the send timeout notices.
 SEND_BUFFER_BYTES = 256 * 1024
@@ -26,7 +28,8 @@ SEND_BUFFER_BYTES = 256 * 1024
 async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until `ctx.shutdown` is set, then drain the connections and return.
 
-    Reports {"tcp": port, "ws": port, "http": port} through `task_status` once listening.
+    Reports {"tcp": port, "ws": port, "http": port[, "agent": port]} through `task_status` once
+    listening. HTTP and the agent keep answering while draining (/ready 503, `drain`).
     """
     config = ctx.config
     async with trio.open_nursery() as handlers:
@@ -37,6 +40,12 @@ async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> 
         handlers.start_soon(
             partial(trio.serve_listeners, _guarded(partial(handle_http, ctx)), http, handler_nursery=handlers)
         )
+        if config.agent_port is not None:
+            agent = await open_listeners(config.host, config.agent_port)
+            config.ports["agent"] = _port(agent)
+            handlers.start_soon(
+                partial(trio.serve_listeners, _guarded(partial(handle_agent, ctx)), agent, handler_nursery=handlers)
+            )
         async with trio.open_nursery() as accepting:
             accepting.start_soon(
                 partial(trio.serve_listeners, _guarded(partial(_tcp, ctx)), tcp, handler_nursery=handlers)
@@ -74,11 +83,22 @@ async def _tcp(ctx: ServerContext, stream: trio.SocketStream) -> None:
 
 
 async def _drain(ctx: ServerContext) -> None:
+    """Active streams go on until they end or the drain timeout passes; then they are finalized
+    and have FINAL_GRACE_S more for their final results."""
     with trio.move_on_after(ctx.config.drain_timeout):
-        while ctx.open_sessions:
-            await trio.sleep(DRAIN_POLL_S)
+        await _all_closed(ctx)
     if ctx.open_sessions:
-        log.warning("drain timeout: closing %d connections", ctx.open_sessions)
+        log.warning("drain timeout: finalizing %d streams", ctx.open_sessions)
+        ctx.finish.set()
+        with trio.move_on_after(FINAL_GRACE_S):
+            await _all_closed(ctx)
+    if ctx.open_sessions:
+        log.warning("closing %d connections", ctx.open_sessions)
+
+
+async def _all_closed(ctx: ServerContext) -> None:
+    while ctx.open_sessions:
+        await trio.sleep(DRAIN_POLL_S)
 
 
 def _guarded(handler: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:

@@ -31,7 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, default=30.0, help="close a silent connection after this")
     p.add_argument("--send-timeout", type=float, default=5.0, help="close a client that stops reading after this")
     p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest line or WebSocket message")
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="shutdown: wait this long for final results")
+    p.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="SIGTERM: active streams may go on this long, then are finalized"
+    )
+    p.add_argument("--agent-port", type=int, default=None, help="HAProxy agent-check port (0: any free; default: none)")
+    p.add_argument("--agent-weight-unit", type=int, default=1, help="agent weight: 1 point per this many free streams")
     p.add_argument("--api-key", default=None, help="require this key (Bearer header, ?api_key=, TCP first message)")
     p.add_argument("--allowed-origins", default="*", help="comma-separated WebSocket Origins, or *")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -62,6 +66,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         idle_timeout=args.idle_timeout,
         send_timeout=args.send_timeout,
         drain_timeout=args.drain_timeout,
+        agent_port=args.agent_port,
+        agent_weight_unit=max(1, args.agent_weight_unit),
         model_name=args.model,
     )
 
@@ -82,7 +88,7 @@ async def run(ctx: ServerContext) -> None:
         host = ctx.config.host
         print(
             f"parakeet-serve ready: tcp://{host}:{ports['tcp']} ws://{host}:{ports['ws']} "
-            f"http://{host}:{ports['http']}",
+            f"http://{host}:{ports['http']}" + (f" agent://{host}:{ports['agent']}" if "agent" in ports else ""),
             flush=True,
         )
 

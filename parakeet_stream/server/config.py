@@ -19,5 +19,7 @@ class ServerConfig:
     send_timeout: float = 5.0
     handshake_timeout: float = 10.0
     drain_timeout: float = 30.0
+    agent_port: int | None = None  # HAProxy agent-check port (None: no agent)
+    agent_weight_unit: int = 1  # streams of free capacity per agent weight point
     model_name: str = "demo"
     ports: dict[str, int] = field(default_factory=dict)  # actual ports once listening

@@ -20,12 +20,10 @@ class ServerContext:
     config: ServerConfig
     metrics: Metrics
     estimator: WaitEstimator = field(default_factory=WaitEstimator)
-    shutdown: trio.Event = field(default_factory=trio.Event)
+    shutdown: trio.Event = field(default_factory=trio.Event)  # draining: accept nothing new
+    finish: trio.Event = field(default_factory=trio.Event)  # the drain timeout passed: finalize every stream
     open_sessions: int = 0
 
     @classmethod
     def create(cls, engine: ASREngine, config: ServerConfig) -> ServerContext:
         return cls(engine=engine, config=config, metrics=Metrics(engine))
-
-    def ready(self) -> bool:
-        return not self.shutdown.is_set() and self.engine.stats()["free_slots"] > 0

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from . import jsonio
 from .context import ServerContext
+from .replica import replica_state
 from .static import static_file
 
 log = logging.getLogger(__name__)
@@ -76,10 +77,12 @@ def route(ctx: ServerContext, method: bytes, target: bytes) -> Response:
         return 405, _json({"error": "method not allowed"}), JSON
     path = urlsplit(target.decode("latin-1")).path
     if path == "/health":
-        return 200, _json(health(ctx)), JSON
+        body = health(ctx)
+        return (503 if body["status"] == "broken" else 200), _json(body), JSON
     if path == "/ready":
-        ready = ctx.ready()
-        return (200 if ready else 503), _json({"ready": ready, **ctx.engine.stats()}), JSON
+        state = replica_state(ctx)
+        body = {"ready": state.ready, "reason": state.reason, "queue_room": state.queue_room, **ctx.engine.stats()}
+        return (200 if state.ready else 503), _json(body), JSON
     if path == "/metrics":
         return 200, ctx.metrics.render(), CONTENT_TYPE_LATEST
     found = static_file(path)
@@ -117,8 +120,9 @@ def _host(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 def health(ctx: ServerContext) -> dict:
+    state = replica_state(ctx)
     return {
-        "status": "draining" if ctx.shutdown.is_set() else "ok",
+        "status": "broken" if not state.healthy else "draining" if ctx.shutdown.is_set() else "ok",
         "model": ctx.config.model_name,
         "sample_rate": ctx.engine.sample_rate,
         "ports": ctx.config.ports,

@@ -244,12 +244,23 @@ class Session:
 
     # -- shutdown ---------------------------------------------------------------------
     async def _watch_shutdown(self) -> None:
+        # Draining: a connection without an active stream (queued, or between utterances) is told
+        # to reconnect at once; an active stream goes on until it ends or the drain timeout passes,
+        # then it is finalized. Either way the connection closes with `server_shutdown`.
         await self.ctx.shutdown.wait()
-        self._reader_scope.cancel()
-        stream = self.stream
-        if stream is None or stream.finished or stream.position() > 0:
+        if not self._streaming():
+            self._reader_scope.cancel()
             self.end_after_final("server_shutdown")
             return
-        self.pending_end = "server_shutdown"
-        stream.finalize()
+        self.pending_end = self.pending_end or "server_shutdown"
+        await self.ctx.finish.wait()
+        self._reader_scope.cancel()
+        if not self._streaming():
+            self.end_after_final("server_shutdown")
+            return
+        self.stream.finalize()
         self.wakeup.set()
+
+    def _streaming(self) -> bool:
+        stream = self.stream
+        return stream is not None and not stream.finished and stream.position() == 0
