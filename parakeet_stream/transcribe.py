@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from .audio import AudioError, read_audio
-from .engine import ASREngine
+from .engine import ASREngine, add_engine_arguments, engine_options
 from .model import ModelNotFound, ParakeetModel
+from .precision import set_precision
 
 
 @dataclass
@@ -86,9 +87,9 @@ def transcribe_offline(model: ParakeetModel, audios: dict[str, np.ndarray], look
     lengths = torch.tensor([f.size(0) for f in feats])
     batch = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
     with torch.inference_mode():
-        enc, enc_len = model.encoder(batch, lengths, lookahead)
+        enc, enc_len = model.encoder(batch.to(model.encoder_dtype), lengths, lookahead)
         state = model.decoder.initial_state(len(names))
-        emission, _ = model.decoder.decode(enc, enc_len, state)
+        emission, _ = model.decoder.decode(enc.float(), enc_len, state)
     out = {}
     for name, toks in zip(names, emission.per_stream(len(names))):
         ids = [tok for tok, _ in toks]
@@ -115,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--offline", action="store_true", help="whole-utterance forward instead of streaming")
     ap.add_argument("--json", action="store_true", help="one JSON object per file per line")
     ap.add_argument("--max-num-streams", type=int, default=32, help="files decoded together")
+    add_engine_arguments(ap)
     args = ap.parse_args(argv)
     try:
-        model = ParakeetModel.from_dir(args.model, args.device)
+        model = set_precision(ParakeetModel.from_dir(args.model, args.device), args.dtype, args.quantize)
         lookahead = model.encoder.check_lookahead(args.att_context_size)
     except (ModelNotFound, ValueError) as exc:
         print(f"parakeet-transcribe: error: {exc}", file=sys.stderr)
@@ -126,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if audios and args.offline:
         results.update(transcribe_offline(model, audios, lookahead))
     elif audios:
-        with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(audios)) as engine:
+        options = engine_options(args) | {"dtype": model.encoder_dtype, "quantize": None}  # already applied
+        with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(audios), **options) as engine:
             results.update(transcribe_streaming(engine, audios, lookahead))
     for f in args.files:
         _print(results[f], args.json)

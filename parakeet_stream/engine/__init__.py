@@ -1,6 +1,6 @@
 """Multi-stream engine: Sequence, Scheduler, ModelRunner behind the ASREngine API."""
 
-from .asr_engine import ASREngine, EngineError, QueueFull
+from .asr_engine import ASREngine, EngineError, QueueFull, add_engine_arguments, engine_options
 from .results import StreamResult
 
-__all__ = ["ASREngine", "EngineError", "QueueFull", "StreamResult"]
+__all__ = ["ASREngine", "EngineError", "QueueFull", "StreamResult", "add_engine_arguments", "engine_options"]

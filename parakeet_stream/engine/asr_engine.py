@@ -15,7 +15,7 @@ from ..audio import check_samples
 from ..config import Lookahead
 from ..features import FeatureStream
 from ..model import ParakeetModel
-from ..precision import set_precision
+from ..precision import DTYPES, QUANTIZE, set_precision
 from ..tokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
 from .scheduler import QueueFullError, Scheduler
@@ -45,6 +45,21 @@ def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dt
     else:
         free = _available_ram()
     return max(1, min(cap, int(free * 0.5) // max(per_slot, 1)))
+
+
+def add_engine_arguments(ap) -> None:
+    """The engine's speed options, shared by parakeet-serve, parakeet-transcribe and the benchmarks."""
+    ap.add_argument("--dtype", default="float32", choices=list(DTYPES),
+                    help="encoder precision (default float32: token-exact with NeMo; bfloat16 pays on CPUs with avx512_bf16/AMX)")
+    ap.add_argument("--quantize", default=None, choices=QUANTIZE, help="dynamic int8 encoder matmuls (CPU only)")
+    ap.add_argument("--threads", type=int, default=None, help="intra-op threads per model stage on CPU (default: usable cores)")
+    ap.add_argument("--latency-budget", type=float, default=None,
+                    help="seconds a chunk may take from its last sample to its result; steps are batched within it "
+                         "(default: two chunks)")
+
+
+def engine_options(args) -> dict:
+    return {"dtype": args.dtype, "quantize": args.quantize, "threads": args.threads, "latency_budget": args.latency_budget}
 
 
 def default_threads() -> int:
