@@ -1,12 +1,14 @@
-"""In-process engine benchmark: real-time streams, batched engine vs a stream-by-stream baseline.
+"""In-process engine benchmark: real-time streams, the batched engine in each precision mode vs a
+stream-by-stream baseline.
 
 Every stream pushes audio paced at real time in 20-160 ms packets; chunk latency runs from
 the arrival of the last sample a chunk needs to its result. Capacity is the most streams
 with p95 chunk latency within the budget and no growing backlog. The baseline is the same
-engine with max_batch=1 (the same model, one stream per forward pass). Both run side by
-side in one process, alternating per concurrency level.
+engine in float32 with max_batch=1 (the same model, one stream per forward pass). All run
+in one process, one after the other at each concurrency level; capacities are printed as
+ratios to the baseline's.
 
-    python scripts/bench_engine.py --model small --streams 1 2 4 8 16 32 --seconds 20
+    python scripts/bench_engine.py --model weights/random-small --streams 1 2 4 8 16 32 --modes float32 bfloat16 int8
 """
 
 from __future__ import annotations
@@ -107,20 +109,24 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--seconds", type=float, default=20.0, help="audio per stream")
-    ap.add_argument("--budget-ms", type=float, default=None, help="p95 chunk-latency budget (default: one chunk)")
+    ap.add_argument("--budget-ms", type=float, default=None, help="p95 chunk-latency budget (default: two chunks)")
+    ap.add_argument("--modes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16", "int8"],
+                    help="precision modes of the batched engine (int8: float32 with --quantize int8)")
     ap.add_argument("--lookahead", default=None, help="L,R")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_engine")
     args = ap.parse_args()
     lookahead = tuple(int(v) for v in args.lookahead.split(",")) if args.lookahead else None
-    model = ParakeetModel.from_dir(args.model, args.device)
     slots = max(args.streams)
-    engines = {
-        "batched": ASREngine(model, args.device, max_num_streams=slots, lookahead=lookahead).start(),
-        "baseline": ASREngine(model, args.device, max_num_streams=slots, lookahead=lookahead, max_batch=1,
-                              batch_wait=0.0).start(),
-    }
-    chunk_ms = engines["batched"].chunk_seconds() * 1000
-    budget = args.budget_ms or chunk_ms
+
+    def engine(mode: str, **kw) -> ASREngine:
+        model = ParakeetModel.from_dir(args.model, args.device)  # each mode casts its own copy
+        dtype, quantize = ("float32", "int8") if mode == "int8" else (mode, None)
+        return ASREngine(model, args.device, max_num_streams=slots, lookahead=lookahead, dtype=dtype,
+                         quantize=quantize, **kw).start()
+
+    engines = {mode: engine(mode) for mode in args.modes} | {"baseline": engine("float32", max_batch=1)}
+    chunk_ms = engines["baseline"].chunk_seconds() * 1000
+    budget = args.budget_ms or 2 * chunk_ms
     results: dict[str, list] = {name: [] for name in engines}
     for n in args.streams:
         for name, engine in engines.items():
@@ -138,6 +144,8 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
     plot(summary, args.out.with_suffix(".png"))
     print(json.dumps({"capacity": capacity, "budget_ms": budget}))
+    for name, n in capacity.items():
+        print(f"capacity {name}: {n} streams ({n / max(capacity['baseline'], 1):.1f}x the baseline)")
 
 
 def plot(summary: dict, path: Path) -> None:

@@ -15,7 +15,7 @@ from ..audio import check_samples
 from ..config import Lookahead
 from ..features import FeatureStream
 from ..model import ParakeetModel
-from ..precision import DTYPES, QUANTIZE, set_precision
+from ..precision import DTYPES, QUANTIZE, check_precision, parse_dtype, set_precision
 from ..tokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
 from .scheduler import QueueFullError, Scheduler
@@ -98,6 +98,7 @@ class ASREngine:
         threads: int | None = None,
     ):
         self.device = torch.device(device)
+        check_precision(self.device, parse_dtype(dtype), quantize)  # before any weights move
         if not isinstance(model, ParakeetModel):
             model = ParakeetModel.from_dir(model, self.device)
         self.model = set_precision(model, dtype, quantize)
@@ -107,7 +108,7 @@ class ASREngine:
         if latency_budget is None:  # two chunks: a chunk may wait for others to share its step
             latency_budget = 2 * min(self.chunk_seconds(m) for m in self.lookahead_modes)
         self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_budget, self.sample_rate, max_batch,
-                                   max_in_flight=2 if self.device.type == "cuda" else 1)
+                                   max_in_flight=2)
         self.runner = ModelRunner(model, self.scheduler, self._notify_all, endpoint_seconds, threads or default_threads())
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count(1)

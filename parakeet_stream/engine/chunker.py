@@ -31,7 +31,13 @@ def add_features(features: LogMelFeatures, seqs: list[Sequence], ending: list[bo
         raw.append(torch.cat((frames, seq.frames.flush())) if end else frames)
     sizes = [r.size(0) for r in raw]
     fb = features.fb
-    mel = features.mel(torch.cat(raw).to(fb.device, fb.dtype)) if sum(sizes) else fb.new_zeros(0, fb.size(0))
+    if sum(sizes):
+        host = torch.cat(raw)
+        if fb.device.type == "cuda":  # pinned: the copy runs asynchronously
+            host = host.pin_memory()
+        mel = features.mel(host.to(fb.device, fb.dtype, non_blocking=True))
+    else:
+        mel = fb.new_zeros(0, fb.size(0))
     for seq, m, end in zip(seqs, mel.split(sizes), ending):
         if end:  # NeMo zero-masks the frames past samples // hop
             done = seq.frames.frames_done - m.size(0)

@@ -5,6 +5,9 @@ encode: cache-aware encoder rounds (one chunk per stream per round) over the slo
 decode: one batched greedy RNN-T pass per step, results built, the step handed back.
 Stages are joined by FIFO queues, so a stream's steps stay in order. The runner decides
 nothing: the Scheduler chose the step. A stage that raises fails only that step's streams.
+On CPU one step is in flight at a time (the stages would only fight over the same cores);
+on CUDA two, so the host prepares one step while the device runs the other, and encoder
+steps replay CUDA graphs (cuda_graphs.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ..conformer import EncoderCache
 from ..model import ParakeetModel
 from ..rnnt import DecoderState
 from . import chunker
+from .cuda_graphs import GraphedLayers
 from .results import ResultBuilder, StreamResult
 from .scheduler import Scheduler, Step, StepItem
 from .sequence import Sequence
@@ -42,6 +46,7 @@ class ModelRunner:
         frames = max(1, round(endpoint_seconds / model.frame_seconds))
         self.results = ResultBuilder(model.frame_seconds, tok.eou_id if tok else None, frames)
         self.cache, self.decoder_state = self.allocate_pools(scheduler.max_num_streams)
+        self._graphed: dict = {}  # lookahead mode -> GraphedLayers (CUDA only)
         self._encode_q: queue.Queue = queue.Queue()
         self._decode_q: queue.Queue = queue.Queue()
         self._threads = [
@@ -51,9 +56,11 @@ class ModelRunner:
         ]
 
     def allocate_pools(self, slots: int) -> tuple[EncoderCache, DecoderState]:
-        """Encoder caches and decoder states of every slot, allocated once as [layers, slots, ...]."""
+        """Encoder caches and decoder states of every slot, allocated once as [layers, slots, ...]
+        (on CUDA one more: the scratch slot that padding rows of graphed steps write to)."""
         dtype = self.model.encoder_dtype
-        cache = EncoderCache.zeros(self.model.cfg.encoder, slots, self.device, dtype)
+        extra = 1 if self.device.type == "cuda" else 0
+        cache = EncoderCache.zeros(self.model.cfg.encoder, slots + extra, self.device, dtype)
         start = self.model.decoder.initial_state(slots, self.device)
         return cache, start
 
@@ -71,8 +78,9 @@ class ModelRunner:
         return all(t.is_alive() for t in self._threads)
 
     def _loop(self, take: Callable, stage: str, out: queue.Queue | None) -> None:
-        if self.threads and self.device.type == "cpu":
-            torch.set_num_threads(self.threads)  # per thread: OpenMP teams are per calling thread
+        if self.device.type == "cpu":  # per thread: each calling thread has its own OpenMP team
+            # decoding is thousands of tiny ops: an OpenMP fork/join per op would cost more than the op
+            torch.set_num_threads(1 if stage == "decode" else self.threads)
         while True:
             step = take()
             if step is None or step is _STOP:
@@ -113,9 +121,18 @@ class ModelRunner:
                 x = torch.stack([i.pre[r][0] for i in group])
                 lens = torch.tensor([i.pre[r][1] for i in group], device=self.device)
                 slots = torch.tensor([i.slot for i in group], device=self.device)
-                enc = self.model.encoder.stream_layers(x, lens, self.cache, slots, mode)
+                enc = self._stream_layers(x, lens, slots, mode)
                 for item, e in zip(group, enc):
                     item.encoded.append(e[: item.pre[r][1]])
+
+    def _stream_layers(self, x, lens, slots, mode) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return self.model.encoder.stream_layers(x, lens, self.cache, slots, mode)
+        graphed = self._graphed.get(mode)
+        if graphed is None:
+            scratch, most = self.scheduler.max_num_streams, self.scheduler.max_batch
+            graphed = self._graphed[mode] = GraphedLayers(self.model.encoder, self.cache, scratch, mode, x.size(1), most)
+        return graphed(x, lens, slots)
 
     def decode(self, step: Step) -> None:
         """One greedy pass per encoder round, so every chunk gets its own result, as NeMo's steps do."""
