@@ -51,12 +51,6 @@ class DecoderState:
     def select(self, idx: torch.Tensor) -> "DecoderState":
         return DecoderState(self.h[:, idx], self.c[:, idx], self.g[idx])
 
-    @staticmethod
-    def stack(states: list["DecoderState"]) -> "DecoderState":
-        return DecoderState(
-            torch.cat([s.h for s in states], 1), torch.cat([s.c for s in states], 1), torch.cat([s.g for s in states])
-        )
-
 
 @dataclass
 class Emission:

@@ -167,6 +167,7 @@ class Scheduler:
                 "queued": len(self.waiting),
                 "free_slots": len(self.free),
                 "max_num_streams": self.max_num_streams,
+                "max_queue": self.max_queue,
             }
 
     # --- internals (lock held) ----------------------------------------------------------------

@@ -13,10 +13,6 @@ def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
 
 
-def dumps_str(obj: Any) -> str:
-    return orjson.dumps(obj).decode()
-
-
 def loads(data: bytes | str) -> Any:
     """Parse one message; raises ProtocolError(invalid_utf8 | invalid_json)."""
     try:

@@ -27,20 +27,11 @@ class ReplicaState:
     queue_room: int
 
 
-def engine_healthy(engine) -> bool:
-    """True while every engine stage thread runs (`ASREngine.healthy()` when the engine has it)."""
-    healthy = getattr(engine, "healthy", None)
-    if callable(healthy):
-        return bool(healthy())
-    threads = getattr(getattr(engine, "runner", None), "_threads", None)
-    return threads is None or all(thread.is_alive() for thread in threads)
-
-
 def replica_state(ctx: ServerContext) -> ReplicaState:
     stats = ctx.engine.stats()
     free = stats["free_slots"]
-    room = max(0, _max_queue(ctx.engine, stats) - stats["queued"])
-    if not engine_healthy(ctx.engine):
+    room = max(0, stats["max_queue"] - stats["queued"])
+    if not ctx.engine.healthy():
         return ReplicaState(False, False, "broken", free, room)
     if ctx.shutdown.is_set():
         return ReplicaState(True, False, "draining", free, room)
@@ -70,8 +61,3 @@ async def handle_agent(ctx: ServerContext, stream: trio.SocketStream) -> None:
     finally:
         await trio.aclose_forcefully(stream)
 
-
-def _max_queue(engine, stats: dict) -> int:
-    if "max_queue" in stats:
-        return stats["max_queue"]
-    return getattr(getattr(engine, "scheduler", None), "max_queue", 0)
