@@ -5,9 +5,9 @@ encode: cache-aware encoder rounds (one chunk per stream per round) over the slo
 decode: one batched greedy RNN-T pass per step, results built, the step handed back.
 Stages are joined by FIFO queues, so a stream's steps stay in order. The runner decides
 nothing: the Scheduler chose the step. A stage that raises fails only that step's streams.
-On CPU one step is in flight at a time (the stages would only fight over the same cores);
-on CUDA two, so the host prepares one step while the device runs the other, and encoder
-steps replay CUDA graphs (cuda_graphs.py).
+Two steps are in flight, so one step's decode overlaps the next one's encode; on CUDA the
+host also prepares a step while the device runs the other, and encoder steps replay CUDA
+graphs (cuda_graphs.py).
 """
 
 from __future__ import annotations
@@ -79,17 +79,23 @@ class ModelRunner:
 
     def _loop(self, take: Callable, stage: str, out: queue.Queue | None) -> None:
         if self.device.type == "cpu":  # per thread: each calling thread has its own OpenMP team
-            # decoding is thousands of tiny ops: an OpenMP fork/join per op would cost more than the op
-            torch.set_num_threads(1 if stage == "decode" else self.threads)
+            # Only the encoder's big matmuls gain from a team; decoding is thousands of tiny ops (a
+            # fork/join each would cost more than the op), and a second team beside the encoder's
+            # would leave both waiting at barriers for threads the other one preempted.
+            torch.set_num_threads(self.threads if stage == "encode" else 1)
         while True:
             step = take()
             if step is None or step is _STOP:
                 if out is not None:
                     out.put(_STOP)
                 return
+            start = time.perf_counter()
             try:
                 with torch.inference_mode():
                     getattr(self, stage)(step)
+                    step.seconds[stage] = time.perf_counter() - start
+                    if stage == "decode":
+                        self._finish(step)
             except Exception as exc:  # noqa: BLE001 - a model fault must not kill the thread
                 log.error("inference failed for %d stream(s): %r", len(step), exc)
                 self._fail(step)
@@ -145,8 +151,11 @@ class ModelRunner:
                 latency = time.monotonic() - ready
                 results.append((item.seq, self.results.build(item.seq, tokens, item.encoded[r].size(0), False, latency)))
         results += [(i.seq, self.results.build(i.seq, [], 0, True, None)) for i in live if i.last]
+        step.results = results
+
+    def _finish(self, step: Step) -> None:
         _, changed = self.scheduler.postprocess(step)  # first, so a slot is free once its final result is out
-        for seq, result in results:
+        for seq, result in step.results:
             seq.publish(result)
         self.notify(changed)
 

@@ -1,9 +1,10 @@
 """The batching policy: when to run the next step and which streams' chunks go in it.
 
 Every chunk has a deadline: the arrival of the last sample it needs plus the latency budget.
-A step's cost grows slowly with its batch (a step is mostly reading the weights), so under
-load it pays to hold a ready chunk until the other streams' chunks, due shortly, can share
-its step, as long as the earliest deadline still holds. Under light load nothing waits.
+A step's cost grows slowly with its batch (a step is mostly reading the weights). While a
+step runs, whatever arrives batches into the next one by itself; when the model falls idle
+under load, it pays to hold a ready chunk until the other streams' chunks, due shortly, can
+share its step, as long as the earliest deadline still holds. Under light load nothing waits.
 Pure functions of their inputs, so the policy is tested on a simulated clock.
 """
 
@@ -15,7 +16,10 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 GRACE = 0.005  # arrivals are predicted from real-time pacing: allow this much jitter
-LOADED = 0.5  # above this busy fraction, steps are aligned; below it chunks go at once
+# An idle model waits for due chunks only between these busy fractions: below, there is no
+# need; above, the model has no idle time to trade for bigger steps (measured on CPU: waiting
+# there raised p95 latency 2-3x at 8 streams; see docs/performance.md).
+LOADED, SATURATED = 0.5, 0.8
 
 
 class StepCost:
@@ -51,11 +55,12 @@ class Ready(Generic[T]):
 
 
 def plan(ready: list[Ready[T]], upcoming: list[float], now: float, cost: StepCost, budget: float,
-         max_batch: int, busy: float) -> tuple[list[T], float | None]:
+         max_batch: int, align: bool) -> tuple[list[T], float | None]:
     """Decide the next step.
 
     ready: streams with a complete chunk; upcoming: predicted completion times of the other
-    running streams' next chunks; busy: recent fraction of time the model was working.
+    running streams' next chunks; align: hold ready chunks for due ones (the scheduler asks for it
+    when the model is idle but loaded: with a step running, what arrives meanwhile batches anyway).
     Returns (streams to run now, None), or ([], seconds to wait before deciding again); with
     nothing ready, ([], None): wait for an arrival.
     """
@@ -63,7 +68,7 @@ def plan(ready: list[Ready[T]], upcoming: list[float], now: float, cost: StepCos
         return [], None
     ready = sorted(ready, key=lambda r: r.ready_at)  # earliest deadline first
     batch = [r.item for r in ready[:max_batch]]
-    if len(ready) >= max_batch or busy < LOADED:
+    if len(ready) >= max_batch or not align:
         return batch, None
     deadline = ready[0].ready_at + budget
     coming = sorted(t for t in upcoming if t > now - GRACE)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .policy import Ready, StepCost, plan
+from .policy import LOADED, SATURATED, Ready, StepCost, plan
 from .sequence import Sequence, Status
 
 DEAD = (Status.CANCELLED, Status.FAILED)
@@ -48,6 +48,8 @@ class StepItem:
 class Step:
     items: list[StepItem]
     started: float
+    seconds: dict[str, float] = field(default_factory=dict)  # time spent in each stage
+    results: list = field(default_factory=list)  # (sequence, result) built by the decode stage
 
     def __iter__(self):
         return iter(self.items)
@@ -129,7 +131,8 @@ class Scheduler:
                 if self._steps_in_flight < self.max_in_flight:
                     now = time.monotonic()
                     ready, upcoming = self._candidates(now)
-                    batch, timeout = plan(ready, upcoming, now, self.cost, self.budget, self.max_batch, self._busy_fraction(now))
+                    align = self._steps_in_flight == 0 and LOADED <= self._busy_fraction(now) < SATURATED
+                    batch, timeout = plan(ready, upcoming, now, self.cost, self.budget, self.max_batch, align)
                     if batch:
                         return self._make_step(batch, now)
                 self._cv.wait(timeout)
@@ -140,9 +143,11 @@ class Scheduler:
         now = time.monotonic()
         with self._cv:
             self._steps_in_flight -= 1
+            # wall time from scheduling to results: what a deadline sees (queueing behind the other step included)
+            seconds = now - step.started
             if not failed:
-                self.cost.record(len(step), now - step.started)
-            self._busy.append((now, now - step.started))
+                self.cost.record(len(step), seconds)
+            self._busy.append((now, sum(step.seconds.values())))
             newly_failed, changed = [], []
             for item in step:
                 seq = item.seq
