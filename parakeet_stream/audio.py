@@ -65,6 +65,8 @@ def resample(samples: np.ndarray, from_rate: int, to_rate: int = SAMPLE_RATE) ->
 def read_audio(path: str | Path) -> np.ndarray:
     """Read an audio file as float32 mono at 16 kHz (channels are averaged)."""
     path = Path(path)
+    if path.is_dir():
+        raise AudioError(f"cannot read audio file {path}: it is a directory (pass the files in it, e.g. {path}/*.wav)")
     if not path.is_file():
         raise AudioError(f"cannot read audio file {path}: no such file")
     try:

@@ -1,12 +1,14 @@
-"""`parakeet-convert SRC DST_DIR`: a NeMo `.nemo` checkpoint (or a Hugging Face repo id) to a model folder.
+"""`parakeet-convert SRC [DST_DIR]`: a NeMo `.nemo` checkpoint (or a Hugging Face model) to a model folder.
 
-Writes config.json, model.safetensors and tokenizer.model into DST_DIR, all or nothing.
+Writes config.json, model.safetensors and tokenizer.model into DST_DIR, all or nothing; a
+Hugging Face model without DST_DIR goes into the model cache (see hub.py).
 Pickled weights are only loaded with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import re
 import shutil
@@ -17,11 +19,12 @@ from pathlib import Path
 
 import torch
 import yaml
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from tqdm import tqdm
 
 from .config import ModelConfig, UnsupportedModel
-from .model import ParakeetModel
+from .model import ModelNotFound, ParakeetModel
 
 
 class ConvertError(Exception):
@@ -123,36 +126,42 @@ def _member(tar: tarfile.TarFile, members: dict, name: str, path: Path, progress
     return buf.getvalue()
 
 
-def fetch_from_hub(repo_id: str) -> Path:
+def model_config(cfg_dict: dict, label: str) -> ModelConfig:
+    """Our structure from a checkpoint's model_config.yaml; unsupported models raise ConvertError with the reason."""
     try:
-        from huggingface_hub import HfApi, hf_hub_download
-    except ImportError:
-        raise ConvertError("downloading needs the optional dependency: pip install 'parakeet-stream[hf]'") from None
-    try:
-        files = [f for f in HfApi().list_repo_files(repo_id) if f.endswith(".nemo")]
-        if not files:
-            raise ConvertError(f"{repo_id}: the repository has no .nemo file")
-        return Path(hf_hub_download(repo_id, files[0]))
-    except ConvertError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - network/hub errors become one line
-        raise ConvertError(f"{repo_id}: download failed ({type(exc).__name__}: {exc})") from None
+        return ModelConfig.from_nemo(cfg_dict)
+    except UnsupportedModel as exc:
+        raise ConvertError(f"{label}: unsupported model: {exc}") from None
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ConvertError(f"{label}: model_config.yaml is incomplete ({exc})") from None
 
 
 def convert(src: str, dst: Path) -> ModelConfig:
+    """A .nemo file, or a hub name (ORG/NAME[@REVISION], small, large) downloaded first, into `dst`."""
     path = Path(src)
-    if not path.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", src):
-        path = fetch_from_hub(src)
+    if not path.exists():
+        from . import hub
+
+        if hub.is_hub_name(src):
+            path = hub.download(src)
+    return convert_nemo(path, dst, src)
+
+
+def convert_nemo(path: Path, dst: Path, label: str) -> ModelConfig:
     cfg_dict, state, tokenizer = read_nemo(path)
-    try:
-        cfg = ModelConfig.from_nemo(cfg_dict)
-    except UnsupportedModel as exc:
-        raise ConvertError(f"{src}: unsupported model: {exc}") from None
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConvertError(f"{src}: model_config.yaml is incomplete ({exc})") from None
+    cfg = model_config(cfg_dict, label)
     weights = map_state_dict(state, cfg)
-    _write_atomically(dst, cfg, weights, tokenizer)
+    try:
+        _write_atomically(dst, cfg, weights, tokenizer)
+    except (OSError, SafetensorError) as exc:  # nothing of the folder is left behind
+        raise ConvertError(f"{dst}: cannot write the model folder: {_write_failure(exc)}") from None
     return cfg
+
+
+def _write_failure(exc: Exception) -> str:
+    if getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc):
+        return "no space left on device"
+    return getattr(exc, "strerror", None) or str(exc).splitlines()[0]
 
 
 def _write_atomically(dst: Path, cfg: ModelConfig, weights: dict, tokenizer: bytes) -> None:
@@ -174,12 +183,22 @@ def _write_atomically(dst: Path, cfg: ModelConfig, weights: dict, tokenizer: byt
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="parakeet-convert", description=__doc__.splitlines()[0])
-    ap.add_argument("src", help="a .nemo file or a Hugging Face repo id (e.g. nvidia/parakeet_realtime_eou_120m-v1)")
-    ap.add_argument("dst", type=Path, help="output folder, e.g. weights/small")
+    ap.add_argument("src", help="a .nemo file, or a Hugging Face model: ORG/NAME[@REVISION], small or large")
+    ap.add_argument("dst", type=Path, nargs="?",
+                    help="output folder, e.g. weights/small (default for a hub model: the model cache, "
+                         "refreshed to the revision's newest commit)")
     args = ap.parse_args(argv)
     try:
-        cfg = convert(args.src, args.dst)
-    except ConvertError as exc:
+        if args.dst is None:
+            from . import hub
+
+            if Path(args.src).exists() or not hub.is_hub_name(args.src):
+                ap.error("DST is required when SRC is a .nemo file")
+            args.dst = hub.resolve(args.src, refresh=True)
+            cfg = ModelConfig.load(args.dst / "config.json")
+        else:
+            cfg = convert(args.src, args.dst)
+    except (ConvertError, ModelNotFound) as exc:
         print(f"parakeet-convert: error: {exc}", file=sys.stderr)
         return 1
     enc = cfg.encoder

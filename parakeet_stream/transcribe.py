@@ -110,8 +110,11 @@ def load_audios(files: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Tran
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="parakeet-transcribe", description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", metavar="FILE")
-    ap.add_argument("--model", default="demo", help="model folder, or demo / small / large (default: demo)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--model", default="demo",
+                    help="demo, small, large, a Hugging Face ORG/NAME[@REVISION] (downloaded and converted once) "
+                         "or a model folder (default: demo)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="torch device: cpu, cuda or cuda:N (default: cuda where available, else cpu)")
     ap.add_argument("--att-context-size", type=parse_lookahead, default=None, help="lookahead mode L,R (default: the model's first)")
     ap.add_argument("--offline", action="store_true", help="whole-utterance forward instead of streaming")
     ap.add_argument("--json", action="store_true", help="one JSON object per file per line")
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = set_precision(ParakeetModel.from_dir(args.model, args.device), args.dtype, args.quantize)
         lookahead = model.encoder.check_lookahead(args.att_context_size)
-    except (ModelNotFound, ValueError) as exc:
+    except (ModelNotFound, ValueError) as exc:  # (DeviceError and PrecisionError are ValueErrors)
         print(f"parakeet-transcribe: error: {exc}", file=sys.stderr)
         return 2
     audios, results = load_audios(args.files)

@@ -9,6 +9,7 @@ import sys
 import trio
 
 from ..engine import ASREngine
+from ..model import DeviceError, ModelNotFound, check_device
 from .app import serve
 from .codes import ProtocolError
 from .config import ServerConfig
@@ -22,8 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8765, help="raw TCP port, newline-delimited JSON (0: any free)")
     p.add_argument("--ws-port", type=int, default=8000, help="WebSocket port: native protocol and /v1/realtime")
     p.add_argument("--http-port", type=int, default=8080, help="HTTP port: /health, /ready, /metrics")
-    p.add_argument("--model", default="demo", help="demo, small, large, or a converted model folder")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    p.add_argument("--model", default="demo", help="demo, small, large, a Hugging Face ORG/NAME[@REVISION] "
+                   "(downloaded and converted once, then cached) or a model folder")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
     p.add_argument("--max-num-streams", default="64", type=_slots, help="engine slots: a number or 'auto'")
     p.add_argument("--max-queue", type=int, default=256, help="streams that may wait for a slot")
     p.add_argument("--lookahead", type=_lookahead, default=None, help="default mode 'L,R', e.g. 70,1")
@@ -72,11 +74,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def print_config(args: argparse.Namespace) -> None:
+def print_config(args: argparse.Namespace, lookahead: tuple[int, int]) -> None:
     print("parakeet-serve configuration:")
     for name, value in sorted(vars(args).items()):
         if name == "api_key":
             value = "set" if value else "none"
+        elif name == "lookahead":  # the mode in use, the model's default unless given
+            value = f"{lookahead[0]},{lookahead[1]}"
         print(f"  {name} = {value}")
     sys.stdout.flush()
 
@@ -115,14 +119,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    print_config(args)
-    engine = ASREngine(
-        model=args.model,
-        device=args.device,
-        max_num_streams=args.max_num_streams,
-        max_queue=args.max_queue,
-        lookahead=args.lookahead,
-    )
+    try:
+        check_device(args.device)
+        engine = ASREngine(
+            model=args.model,
+            device=args.device,
+            max_num_streams=args.max_num_streams,
+            max_queue=args.max_queue,
+            lookahead=args.lookahead,
+        )
+    except (DeviceError, ModelNotFound) as exc:
+        print(f"parakeet-serve: error: {exc}", file=sys.stderr)
+        return 2
+    print_config(args, engine.default_lookahead)
     with engine:
         trio.run(_main, engine, server_config(args))
     return 0
