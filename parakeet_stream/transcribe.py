@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .audio import AudioError, read_audio
-from .engine import ASREngine, add_engine_arguments, engine_options
+from .engine import ASREngine, add_engine_arguments, engine_options, single_threaded_host
 from .model import ModelNotFound, ParakeetModel
 from .precision import set_precision
 
@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-streams", type=int, default=32, help="files decoded together")
     add_engine_arguments(ap)
     args = ap.parse_args(argv)
+    single_threaded_host()
     try:
         model = set_precision(ParakeetModel.from_dir(args.model, args.device), args.dtype, args.quantize)
         lookahead = model.encoder.check_lookahead(args.att_context_size)

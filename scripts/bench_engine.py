@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from parakeet_stream.audio import read_audio
-from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine import ASREngine, single_threaded_host
 from parakeet_stream.model import ParakeetModel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +115,7 @@ def main() -> None:
     ap.add_argument("--lookahead", default=None, help="L,R")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_engine")
     args = ap.parse_args()
+    single_threaded_host()
     lookahead = tuple(int(v) for v in args.lookahead.split(",")) if args.lookahead else None
     slots = max(args.streams)
 

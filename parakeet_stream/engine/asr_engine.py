@@ -62,6 +62,15 @@ def engine_options(args) -> dict:
     return {"dtype": args.dtype, "quantize": args.quantize, "threads": args.threads, "latency_budget": args.latency_budget}
 
 
+def single_threaded_host() -> None:
+    """Call first thing in a program that runs an ASREngine (before any torch work): keeps the
+    calling thread's torch ops single-threaded, so that the encode stage's OpenMP team is the
+    only one in the process. With a second team (libgomp counts every pool's threads) OpenMP
+    workers stop spinning between ops and every parallel op pays a wake-up: measured 1.7x
+    slower encoder steps on 2 cores (docs/performance.md)."""
+    torch.set_num_threads(1)
+
+
 def default_threads() -> int:
     """Intra-op threads per stage: the cores this process may use."""
     try:

@@ -93,15 +93,15 @@ class ModelRunner:
             try:
                 with torch.inference_mode():
                     getattr(self, stage)(step)
-                    step.seconds[stage] = time.perf_counter() - start
-                    if stage == "decode":
-                        self._finish(step)
             except Exception as exc:  # noqa: BLE001 - a model fault must not kill the thread
                 log.error("inference failed for %d stream(s): %r", len(step), exc)
                 self._fail(step)
                 continue
+            step.seconds[stage] = time.perf_counter() - start
             if out is not None:
                 out.put(step)
+            else:
+                self._finish(step)
 
     # --- stages ----------------------------------------------------------------------------
     def pre_encode(self, step: Step) -> None:
@@ -154,6 +154,10 @@ class ModelRunner:
         step.results = results
 
     def _finish(self, step: Step) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            ms = {k: round(v * 1000, 1) for k, v in step.seconds.items()}
+            wall = (time.monotonic() - step.started) * 1000
+            log.debug("step: %d streams, %d chunks, %s ms, %.1f ms wall", len(step), len(step.results), ms, wall)
         _, changed = self.scheduler.postprocess(step)  # first, so a slot is free once its final result is out
         for seq, result in step.results:
             seq.publish(result)

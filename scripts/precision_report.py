@@ -1,0 +1,84 @@
+"""Token agreement of each reduced-precision mode with float32, and the demo model's WER per mode.
+
+Sets: the NeMo fixture models (tests/fixtures/nemo, every lookahead mode, the three fixture
+wavs) and the demo model on the 40 held-out espeak-ng sentences of tests/fixtures/demo_sentences.json
+(needs espeak-ng). Agreement = matched tokens / tokens (difflib alignment), over all streams.
+
+    python scripts/precision_report.py            # writes results/precision_report.json
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from parakeet_stream.audio import read_audio  # noqa: E402
+from parakeet_stream.convert import convert  # noqa: E402
+from parakeet_stream.engine import ASREngine  # noqa: E402
+from parakeet_stream.training.data import edit_distance  # noqa: E402
+from parakeet_stream.transcribe import transcribe_streaming  # noqa: E402
+from test_demo_model import FIXTURE, synth  # noqa: E402  (the tests' own espeak-ng rendering)
+
+MODES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "float16": ("float16", None),
+         "int8": ("float32", "int8")}
+
+
+def transcribe(model_dir, audios: dict, mode: str, lookahead=None) -> dict:
+    dtype, quantize = MODES[mode]
+    with ASREngine(model_dir, max_num_streams=len(audios), dtype=dtype, quantize=quantize) as engine:
+        return transcribe_streaming(engine, audios, lookahead)
+
+
+def agreement(ref: dict, out: dict) -> float:
+    matched = total = 0
+    for name, t in ref.items():
+        sm = difflib.SequenceMatcher(a=t.token_ids, b=out[name].token_ids, autojunk=False)
+        matched += sum(b.size for b in sm.get_matching_blocks())
+        total += max(len(t.token_ids), len(out[name].token_ids))
+    return matched / max(total, 1)
+
+
+def wer(texts: dict, refs: dict) -> float:
+    errors = sum(edit_distance(refs[n].split(), texts[n].text.split()) for n in refs)
+    return errors / sum(len(r.split()) for r in refs.values())
+
+
+def main() -> None:
+    report = {"fixtures": {}, "demo": {}}
+    wavs = {p.stem: read_audio(p) for p in sorted((ROOT / "tests/fixtures/audio").glob("*.wav"))}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("eou_tiny", "nemotron_tiny"):
+            folder = Path(tmp) / name
+            convert(str(ROOT / f"tests/fixtures/nemo/{name}.nemo"), folder)
+            with ASREngine(folder) as probe:
+                modes = probe.lookahead_modes
+            for la in modes:
+                ref = transcribe(folder, wavs, "float32", la)
+                for mode in MODES:
+                    agree = agreement(ref, transcribe(folder, wavs, mode, la))
+                    report["fixtures"].setdefault(mode, []).append(agree)
+                    print(f"{name} {la} {mode}: {agree:.4f}", flush=True)
+    sentences = json.loads(FIXTURE.read_text())
+    items = {f"{s}/{k}": (item, k) for s in ("seen_voices", "heldout_voices") for k, item in enumerate(sentences[s])}
+    audios = {n: synth(item, seed=k) for n, (item, k) in items.items()}
+    refs = {n: item["text"] for n, (item, _) in items.items()}
+    ref = transcribe("demo", audios, "float32")
+    for mode in MODES:
+        out = ref if mode == "float32" else transcribe("demo", audios, mode)
+        report["demo"][mode] = {"agreement": agreement(ref, out), "wer": wer(out, refs)}
+        print(f"demo {mode}: {report['demo'][mode]}", flush=True)
+    report["fixtures"] = {m: min(v) for m, v in report["fixtures"].items()}  # worst over models and modes
+    out_path = ROOT / "results" / "precision_report.json"
+    out_path.parent.mkdir(exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
