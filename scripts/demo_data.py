@@ -189,7 +189,8 @@ def normalize(s: str) -> list[str] | None:
 
 def read_fortunes() -> list[str]:
     """Raw sentences (with punctuation) from every fortune file."""
-    files = sorted(p for p in FORTUNE_DIR.iterdir()
+    listing = FORTUNE_DIR.iterdir() if FORTUNE_DIR.is_dir() else []
+    files = sorted(p for p in listing
                    if p.is_file() and not p.is_symlink() and p.suffix != ".dat"
                    and p.name not in SKIP_FORTUNE_FILES)
     if not files:
