@@ -1,14 +1,18 @@
 """`parakeet-bench`: real-time clients against a running server; latency, capacity, time to final.
 
 Each level runs N clients at once. Every client streams audio paced at real time in packets of
-20-160 ms (sizes rotate between clients) and records every result. Definitions (DESIGN.md 6):
+20-160 ms (sizes rotate between clients) and records every result. Definitions:
 chunk latency = the server's `latency` field plus its own send delay (arrival of the last sample
-a chunk needs -> result sent); lag = result arrival - real-time position of the audio it covers
-(client side, lookahead included); time to final = final packet sent -> final result received.
+a chunk needs -> result sent); lag = result arrival - the moment the client sent the packet
+holding the last sample the result covers, or the latest packet where the server's frame count
+runs past it (client side, so never negative; it includes the wait for the lookahead); time to
+final = final packet sent -> final result received.
 Capacity = most clients with p95 chunk latency within budget, nobody queued or failed, and no
 client whose lag keeps growing.
 
     parakeet-bench --url ws://127.0.0.1:8000/ --audio speech.wav --clients 1,4,16 --seconds 20
+
+Without --audio it streams the repository's tests/fixtures/audio/sentence.wav.
 """
 from __future__ import annotations
 
@@ -22,10 +26,11 @@ from pathlib import Path
 import numpy as np
 import trio
 
-from .audio import SAMPLE_RATE, read_audio
-from .client import connect, send_paced
+from .audio import SAMPLE_RATE, AudioError, read_audio
+from .client import ClientError, connect, send_paced
 
 PACKETS_MS = (20, 40, 80, 160)
+DEFAULT_AUDIO = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "audio" / "sentence.wav"
 STATUS_EVERY_S = 0.5
 
 
@@ -57,13 +62,14 @@ async def run_client(url: str, audio: np.ndarray, record: ClientRecord, progress
             sent["final"] = trio.current_time()
 
         nursery.start_soon(sender)
+        seconds = len(audio) / SAMPLE_RATE
         while (message := await stream.receive()) is not None:
-            if _record(message, record, start, sent, progress):
+            if _record(message, record, start, sent, progress, seconds):
                 break
         nursery.cancel_scope.cancel()
 
 
-def _record(message: dict, record: ClientRecord, start: float, sent: dict, progress: dict) -> bool:
+def _record(message: dict, record: ClientRecord, start: float, sent: dict, progress: dict, seconds: float) -> bool:
     """Account for one server message; True once the stream is over."""
     kind = message["type"]
     if kind == "queued":
@@ -76,10 +82,21 @@ def _record(message: dict, record: ClientRecord, start: float, sent: dict, progr
     progress["results"] += 1
     if message["latency"] is not None:
         record.chunk_latency.append(message["latency"])
-        record.lag.append((message["audio_seconds"], now - start - message["audio_seconds"]))
+        record.lag.append((message["audio_seconds"], now - sent_at(start, now, message["audio_seconds"], record, seconds)))
     if message["is_final"]:
         record.time_to_final = now - sent.get("final", now)
     return message["is_final"]
+
+
+def sent_at(start: float, now: float, audio_seconds: float, record: ClientRecord, seconds: float) -> float:
+    """When the packet holding the sample at `audio_seconds` left (packet k leaves k packets after `start`).
+
+    The server counts encoder frames, which can run a little past the samples it has (and a final
+    result covers padding past the end): then it is the latest packet sent by `now`.
+    """
+    packet = record.packet_ms / 1000
+    last = max(0.0, min(audio_seconds, seconds, now - start) - 1e-9)
+    return start + (last // packet) * packet
 
 
 async def run_level(url: str, clients: int, audios: list[np.ndarray], options: dict) -> list[ClientRecord]:
@@ -207,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="parakeet-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--url", default="tcp://127.0.0.1:8765", help="tcp://host:port or ws://host:port/")
-    p.add_argument("--audio", nargs="+", required=True, help="audio files (any rate; streamed as 16 kHz pcm16)")
+    p.add_argument("--audio", nargs="+", default=None,
+                   help="audio files (any rate; streamed as 16 kHz pcm16; default: the repository's sentence.wav)")
     p.add_argument("--clients", default="1,2,4,8", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--seconds", type=float, default=15.0, help="audio per client")
     p.add_argument("--budget-ms", type=float, default=500.0, help="p95 chunk latency allowed for capacity")
@@ -218,13 +236,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _first_error(exc: BaseException) -> BaseException:
+    """The first error inside (nested) exception groups: the clients' nurseries wrap what failed."""
+    while getattr(exc, "exceptions", None):  # (BaseExceptionGroup, a builtin from Python 3.11)
+        exc = exc.exceptions[0]
+    return exc
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    report = trio.run(partial(bench, args))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.audio is None:
+        if not DEFAULT_AUDIO.is_file():
+            parser.error("--audio is required (this installation has no tests/fixtures/audio/sentence.wav)")
+        args.audio = [str(DEFAULT_AUDIO)]
+    for path in args.audio:
+        try:
+            read_audio(path)
+        except AudioError as exc:
+            parser.error(str(exc))
+    try:
+        report = trio.run(partial(bench, args))
+    except Exception as exc:  # noqa: BLE001 - only connection and server errors become one line
+        if not isinstance(error := _first_error(exc), (OSError, ClientError)):
+            raise
+        print(f"\nparakeet-bench: error: {args.url}: {error}", file=sys.stderr)
+        return 1
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    plot(report, out.with_suffix(".png"))
+    try:
+        plot(report, out.with_suffix(".png"))
+    except ImportError:
+        print(f"parakeet-bench: no plot ({out.with_suffix('.png')}): it needs matplotlib: "
+              "pip install -e '.[bench]'", file=sys.stderr)
     print(json.dumps({"capacity": report["capacity"], "json": str(out.with_suffix(".json"))}))
     return 0
 

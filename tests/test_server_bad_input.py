@@ -1,4 +1,4 @@
-"""DESIGN.md section 5: every malformed input gets its documented code and connection policy,
+"""docs/protocol.md's error codes: every malformed input gets its documented code and connection policy,
 while a concurrent well-behaved stream transcribes exactly as it does alone."""
 # ruff: noqa: F811  (fixtures imported from test_server_support)
 from __future__ import annotations

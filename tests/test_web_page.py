@@ -16,7 +16,8 @@ AudioWorklet and streams binary PCM16 frames over the native WebSocket protocol.
 - `test_live_captions_match_transcribe`: the bundled demo model (skipped while
   weights/demo/config.json is absent): the page shows exactly what `parakeet-transcribe`
   prints for the audio the page sent and for the wav itself, non-empty, finalized on stop;
-  screenshot to results/web_page.png (and docs/web_page.png when the test passes).
+  screenshot to results/web_page.png (tests never modify tracked files: the README's
+  docs/web_page.png is made by scripts/readme_screenshot.py).
 
 Only a missing chromium skips the browser tests (set PARAKEET_CHROMIUM to use another path).
 """
@@ -394,4 +395,3 @@ def test_live_captions_match_transcribe(wav, browser, capsys, tmp_path):
     # silence, which can move a weak model's decisions)
     assert shown.strip() and expected.strip(), f"the demo model transcribes {SENTENCE!r} as nothing"
     assert final and not partial, (final, partial)  # stop finalized the captions
-    shutil.copyfile(screenshot, ROOT / "docs" / "web_page.png")  # the README's picture, only of a good run
