@@ -8,8 +8,9 @@ import sys
 
 import trio
 
-from ..engine import ASREngine
+from ..engine import ASREngine, add_engine_arguments, engine_options, single_threaded_host
 from ..model import DeviceError, ModelNotFound, check_device
+from ..precision import PrecisionError
 from .app import serve
 from .codes import ProtocolError
 from .config import ServerConfig
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-weight-unit", type=int, default=1, help="agent weight: 1 point per this many free streams")
     p.add_argument("--api-key", default=None, help="require this key (Bearer header, ?api_key=, TCP first message)")
     p.add_argument("--allowed-origins", default="*", help="comma-separated WebSocket Origins, or *")
+    add_engine_arguments(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -116,6 +118,7 @@ async def _watch_signals(ctx: ServerContext, scope: trio.CancelScope) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    single_threaded_host()
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -127,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
             max_num_streams=args.max_num_streams,
             max_queue=args.max_queue,
             lookahead=args.lookahead,
+            **engine_options(args),
         )
-    except (DeviceError, ModelNotFound) as exc:
+    except (PrecisionError, DeviceError, ModelNotFound) as exc:
         print(f"parakeet-serve: error: {exc}", file=sys.stderr)
         return 2
     print_config(args, engine.default_lookahead)
