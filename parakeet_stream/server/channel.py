@@ -21,6 +21,12 @@ class Channel(Protocol):
         Raises ChannelClosed at end of input and ProtocolError for framing errors.
         """
 
+    def receive_buffered(self) -> str | bytes | None:
+        """The next message if it is already buffered (no waiting), else None."""
+
+    def peer_gone(self) -> bool:
+        """Whether the connection is known to be reset, without reading from it."""
+
     async def send(self, data: bytes) -> None:
         """Send one encoded JSON message; raises ChannelClosed or SlowConsumer."""
 

@@ -12,6 +12,7 @@ from ..engine import ASREngine, add_engine_arguments, engine_options, single_thr
 from ..model import DeviceError, ModelNotFound, check_device
 from ..precision import PrecisionError
 from .app import serve
+from .budget import memory_problem
 from .codes import ProtocolError
 from .config import ServerConfig
 from .context import ServerContext
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-timeout", type=float, default=30.0, help="close a silent connection after this")
     p.add_argument("--send-timeout", type=float, default=5.0, help="close a client that stops reading after this")
     p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest line or WebSocket message")
+    p.add_argument("--max-backlog-seconds", type=float, default=30.0, help="audio a stream may hold unprocessed")
+    p.add_argument("--max-messages-per-second", type=float, default=1000.0, help="per connection (8 KiB counts 1)")
+    p.add_argument("--handshake-timeout", type=float, default=5.0, help="WebSocket/HTTP handshake, TCP API key")
     p.add_argument(
         "--drain-timeout", type=float, default=30.0, help="SIGTERM: active streams may go on this long, then are finalized"
     )
@@ -66,6 +70,9 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         api_key=args.api_key,
         allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
         max_message_bytes=args.max_message_bytes,
+        max_backlog_seconds=args.max_backlog_seconds,
+        max_messages_per_second=args.max_messages_per_second,
+        handshake_timeout=args.handshake_timeout,
         max_stream_seconds=args.max_stream_seconds or None,
         idle_timeout=args.idle_timeout,
         send_timeout=args.send_timeout,
@@ -136,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parakeet-serve: error: {exc}", file=sys.stderr)
         return 2
     print_config(args, engine.default_lookahead)
+    config = server_config(args)
+    problem = memory_problem(config, engine.stats()["max_num_streams"] + args.max_queue)
+    if problem:
+        print(f"parakeet-serve: refusing to start: {problem}", file=sys.stderr)
+        return 2
     with engine:
-        trio.run(_main, engine, server_config(args))
+        trio.run(_main, engine, config)
     return 0
 
 

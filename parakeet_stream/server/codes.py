@@ -28,6 +28,7 @@ POLICIES: dict[str, Policy] = {
     "invalid_utf8": Policy(True, 1007),
     "message_too_large": Policy(True, 1009),
     "invalid_config": Policy(True, 1008),
+    "bad_request": Policy(True, 1002),  # a malformed HTTP request or WebSocket handshake: HTTP 400
     "bad_lookahead": Policy(True, 1008),
     "unauthorized": Policy(True, 1008),  # WebSocket: the handshake is refused with HTTP 401
     "forbidden_origin": Policy(True, 1008),  # WebSocket only: handshake refused with HTTP 403

@@ -15,9 +15,10 @@ class ServerConfig:
     max_message_bytes: int = 1 << 20
     max_stream_seconds: float | None = 3600.0
     max_backlog_seconds: float = 30.0  # unprocessed audio held per stream before reads pause
+    max_messages_per_second: float = 1000.0  # per connection; a message counts per started 8 KiB
     idle_timeout: float = 30.0
     send_timeout: float = 5.0
-    handshake_timeout: float = 10.0
+    handshake_timeout: float = 5.0  # WebSocket upgrade, HTTP request, TCP API key
     drain_timeout: float = 30.0
     agent_port: int | None = None  # HAProxy agent-check port (None: no agent)
     agent_weight_unit: int = 1  # streams of free capacity per agent weight point

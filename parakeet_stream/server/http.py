@@ -33,17 +33,40 @@ async def handle_http(ctx: ServerContext, stream: trio.SocketStream) -> None:
                 status, body, content_type = route(ctx, request.method, request.target)
                 headers = security_headers(ctx, _host(request.headers))
                 await _respond(conn, stream, status, body, content_type, headers)
-    except (h11.RemoteProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+    except h11.RemoteProtocolError as exc:  # malformed request; headers over MAX_REQUEST_BYTES: 431
+        with trio.move_on_after(1):
+            await _refuse(stream, exc.error_status_hint)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     finally:
         await trio.aclose_forcefully(stream)
 
 
+async def _refuse(stream: trio.SocketStream, status: int) -> None:
+    """Answer a request h11 could not parse (its connection state is spent), then half-close
+    and drain, so that the client reads the answer rather than a reset."""
+    body = _json({"error": "request header fields too large" if status == 431 else "bad request"})
+    head = f"HTTP/1.1 {status} {'Request Header Fields Too Large' if status == 431 else 'Bad Request'}\r\n"
+    head += f"content-type: {JSON}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    try:
+        await stream.send_all(head.encode() + body)
+        await stream.send_eof()
+        while await stream.receive_some(MAX_REQUEST_BYTES):
+            pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
 async def _read_request(conn: h11.Connection, stream: trio.SocketStream) -> h11.Request | None:
+    received = 0
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(MAX_REQUEST_BYTES))
+            data = await stream.receive_some(MAX_REQUEST_BYTES)
+            received += len(data)
+            if received > MAX_REQUEST_BYTES:  # h11 alone lets a request that arrives whole pass
+                raise h11.RemoteProtocolError("request header fields too large", error_status_hint=431)
+            conn.receive_data(data)
         elif isinstance(event, h11.Request):
             return event
         else:
@@ -75,7 +98,10 @@ async def _respond(
 def route(ctx: ServerContext, method: bytes, target: bytes) -> Response:
     if method != b"GET":
         return 405, _json({"error": "method not allowed"}), JSON
-    path = urlsplit(target.decode("latin-1")).path
+    try:
+        path = urlsplit(target.decode("latin-1")).path
+    except ValueError:  # e.g. an unclosed IPv6 bracket: "http://[::1/"
+        return 400, _json({"error": "bad request"}), JSON
     if path == "/health":
         body = health(ctx)
         return (503 if body["status"] == "broken" else 200), _json(body), JSON

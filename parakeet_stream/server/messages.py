@@ -81,11 +81,11 @@ def parse_audio(obj: dict, encoding: str) -> Audio:
     return Audio(None, True)
 
 
-def parse_config(obj: dict) -> StreamConfig:
-    """Fields of a start/config message or of WebSocket query parameters."""
+def parse_config(obj: dict, from_url: bool = False) -> StreamConfig:
+    """Fields of a start/config message or (`from_url`) of WebSocket query parameters."""
     config = StreamConfig()
     if obj.get("sample_rate") is not None:
-        config.sample_rate = parse_sample_rate(obj["sample_rate"])
+        config.sample_rate = parse_sample_rate(obj["sample_rate"], from_url)
     if obj.get("encoding") is not None:
         config.encoding = parse_encoding(obj["encoding"], "invalid_config")
     if obj.get("lookahead") is not None:
@@ -99,23 +99,36 @@ def parse_encoding(value: Any, code: str = "invalid_field") -> str:
     return value
 
 
-def parse_sample_rate(value: Any) -> int:
-    if isinstance(value, str) and value.isdigit():  # from a URL query
-        value = int(value)
+def parse_sample_rate(value: Any, from_url: bool = False) -> int:
+    """A JSON integer; in a URL query (text by nature) ASCII decimal digits. A string in
+    JSON is refused like any other wrong type."""
+    if from_url:
+        value = _decimal(value)
     try:
         return audio.check_rate(value)
-    except audio.AudioError as exc:
-        raise ProtocolError("invalid_config", str(exc)) from None
+    except audio.AudioError:
+        raise ProtocolError(
+            "invalid_config", f"'sample_rate' must be an integer from {audio.MIN_RATE} to {audio.MAX_RATE}"
+        ) from None
 
 
 def parse_lookahead(value: Any) -> tuple[int, int]:
     """'L,R' or [L, R] -> (L, R): attention context frames left and right."""
-    parts = value.split(",") if isinstance(value, str) else value
-    try:
-        left, right = (int(p) for p in parts)
-    except (TypeError, ValueError):
-        raise ProtocolError("invalid_config", "'lookahead' must look like \"70,1\" or [70, 1]") from None
-    return left, right
+    parts = [_decimal(p.strip()) for p in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(parts, list) or len(parts) != 2 or not all(_is_int(p) for p in parts):
+        raise ProtocolError("invalid_config", "'lookahead' must look like \"70,1\" or [70, 1]")
+    return int(parts[0]), int(parts[1])
+
+
+def _decimal(text: Any, max_digits: int = 9) -> int | None:
+    """ASCII decimal digits (not '²', not Unicode digits, not thousands of them) -> int."""
+    if isinstance(text, str) and 0 < len(text) <= max_digits and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def queued(position: int, estimated_wait_s: float | None) -> dict:

@@ -1,9 +1,11 @@
 """The native protocol (a superset of the original parakeet-streaming protocol)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
+
+import trio
 
 from .. import audio
 from . import jsonio, messages
@@ -17,6 +19,8 @@ from .session import Session
 from .stream import EngineStream
 
 PROTOCOL_VERSION = 2
+PRE_AUTH_MAX_LINE = 65536  # TCP with an API key: the longest first line (it carries the key)
+RAW_AUDIO = object()  # a binary frame that is not a JSON object
 
 
 class NativeSession(Session):
@@ -35,29 +39,46 @@ class NativeSession(Session):
         return self.declared.encoding or "pcm16"
 
     async def on_open(self) -> None:
-        self.declared = messages.parse_config(self._query)
-        if not self._key_pending:
+        self.declared = messages.parse_config(self._query, from_url=True)
+        if self._key_pending:
+            self._full_line, self.channel.max_line = self.channel.max_line, min(self.channel.max_line, PRE_AUTH_MAX_LINE)
+            self._nursery.start_soon(self._auth_deadline)
+        else:
             self._open()
+
+    async def _auth_deadline(self) -> None:
+        """Unauthenticated connections hold no stream, and not for long either."""
+        await trio.sleep(self.config.handshake_timeout)
+        if self._key_pending:
+            self.end("unauthorized", messages.error("unauthorized", "no API key within the handshake timeout"))
 
     def _open(self) -> None:
         rate = self.declared.sample_rate or audio.SAMPLE_RATE
         self.stream = self.open_stream(self.declared.lookahead, rate)
 
-    def split(self, frame: str | bytes) -> Iterable[str | bytes]:
+    def split(self, frame: str | bytes) -> Iterator[str | bytes]:
         # the original server accepted several newline-separated messages per frame
-        if isinstance(frame, str) and "\n" in frame:
-            return [line for line in frame.splitlines() if line.strip()]
-        return (frame,)
+        if isinstance(frame, bytes) or "\n" not in frame:
+            yield frame
+            return
+        start = 0
+        while start < len(frame):  # one line at a time: a frame of tiny lines is not copied at once
+            end = frame.find("\n", start)
+            end = len(frame) if end < 0 else end
+            if line := frame[start:end].strip():
+                yield line
+            start = end + 1
 
     async def on_unit(self, unit: str | bytes) -> None:
         obj = _sniff_json(unit) if isinstance(unit, bytes) else jsonio.loads(unit)
         first, self._first = self._first, False
-        if obj is None:  # a binary frame of raw audio in the declared encoding
+        if obj is RAW_AUDIO:  # a binary frame of raw audio in the declared encoding
             await self._audio(Audio(decode_bytes(unit, self.encoding), False))
             return
         if first and await self._first_message(obj):
             return
         message = messages.parse(obj, self.encoding)
+        del obj  # parsed JSON (a samples list) can be many times the audio it carries
         if isinstance(message, Start):
             raise ProtocolError("bad_state", "start/config is only accepted as the first message")
         await self._dispatch(message)
@@ -65,9 +86,11 @@ class NativeSession(Session):
     async def _first_message(self, obj: Any) -> bool:
         """Authenticate and apply a start/config; True when the message is consumed."""
         fields = obj if isinstance(obj, dict) else {}
-        if self._key_pending and not key_ok(self.config.api_key, fields.get("api_key")):
-            raise ProtocolError("unauthorized", "a valid API key is required")
-        self._key_pending = False
+        if self._key_pending:
+            if not key_ok(self.config.api_key, fields.get("api_key")):
+                raise ProtocolError("unauthorized", "a valid API key is required")
+            self._key_pending = False
+            self.channel.max_line = self._full_line
         if fields.get("type") not in messages.START_TYPES:
             if self.stream is None:
                 self._open()
@@ -157,11 +180,12 @@ def _result_message(stream: EngineStream, result, text: str) -> dict:
     return message
 
 
-def _sniff_json(frame: bytes) -> Any | None:
-    """Original clients may send JSON in binary frames; anything else is raw audio."""
+def _sniff_json(frame: bytes) -> Any:
+    """Original clients may send JSON objects in binary frames; anything else is raw audio."""
     if not frame.startswith(b"{"):
-        return None
+        return RAW_AUDIO
     try:
-        return jsonio.loads(frame)
+        obj = jsonio.loads(frame)
     except ProtocolError:
-        return None
+        return RAW_AUDIO
+    return obj if isinstance(obj, dict) else RAW_AUDIO

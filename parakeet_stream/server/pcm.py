@@ -1,4 +1,8 @@
-"""Decode client audio payloads into float32 samples, mapping failures to error codes."""
+"""Decode client audio payloads into float32 samples, mapping failures to error codes.
+
+Float samples outside -1..1 (f32 bytes, `samples` lists) are clipped to -1..1, as a sound card
+would: finite but huge values (3e38) would otherwise overflow the features to infinity.
+"""
 from __future__ import annotations
 
 import binascii
@@ -30,7 +34,7 @@ def decode_bytes(raw: bytes, encoding: str) -> np.ndarray:
             "invalid_audio_length", f"{encoding} audio needs a multiple of {width} bytes"
         )
     try:
-        return decode(raw)
+        return _clip(decode(raw))
     except audio.AudioError:
         raise ProtocolError("invalid_samples", "audio contains NaN or infinite samples") from None
 
@@ -46,6 +50,12 @@ def decode_samples(samples: Any) -> np.ndarray:
     with np.errstate(over="ignore"):
         array = array.astype(np.float32)
     try:
-        return audio.check_samples(array)
+        return _clip(audio.check_samples(array))
     except audio.AudioError:
         raise ProtocolError("invalid_samples", "audio contains NaN or infinite samples") from None
+
+
+def _clip(samples: np.ndarray) -> np.ndarray:
+    if samples.size and (samples.max() > 1.0 or samples.min() < -1.0):
+        samples = np.clip(samples, -1.0, 1.0)
+    return samples

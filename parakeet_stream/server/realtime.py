@@ -33,7 +33,7 @@ class RealtimeSession(Session):
 
     async def on_open(self) -> None:
         if "sample_rate" in self._query:
-            self.sample_rate = messages.parse_sample_rate(self._query["sample_rate"])
+            self.sample_rate = messages.parse_sample_rate(self._query["sample_rate"], from_url=True)
         self._ensure_stream()
 
     def _ensure_stream(self) -> EngineStream:
@@ -64,7 +64,7 @@ class RealtimeSession(Session):
         if session.get("sample_rate") is None:
             return
         stream = self._ensure_stream()
-        if stream.pushed_samples:
+        if stream.received_samples:
             raise ProtocolError("bad_state", "sample_rate can only change before audio is sent")
         self.sample_rate = messages.parse_sample_rate(session["sample_rate"])
         stream.set_input_rate(self.sample_rate)

@@ -13,6 +13,7 @@ import numpy as np
 import trio
 
 from . import jsonio, messages
+from .budget import MAX_BATCH_MESSAGES, TokenBucket, backlog_samples, message_units
 from .channel import Channel, ChannelClosed, SlowConsumer
 from .codes import POLICIES, ProtocolError, ws_close_code
 from .context import ServerContext
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 
 # close reasons after which nothing can be sent
 SILENT_ENDS = ("vanished", "slow_consumer")
+# while reading is paused for back-pressure, how often to look whether the client is gone
+PEER_CHECK_S = 0.1
 
 
 class Session:
@@ -42,6 +45,7 @@ class Session:
         self._reader_scope = trio.CancelScope()
         self._idle_scope = trio.CancelScope()
         self._last_position = 0
+        self._rate = TokenBucket(self.config.max_messages_per_second)
 
     # -- protocol hooks ---------------------------------------------------------------
     async def on_open(self) -> None:
@@ -49,6 +53,11 @@ class Session:
 
     def split(self, frame: str | bytes) -> Iterable[str | bytes]:
         return (frame,)
+
+    def after_batch(self) -> None:
+        """After the messages of one wake-up: hand coalesced audio to the engine."""
+        if self.stream is not None:
+            self.stream.flush()
 
     async def on_unit(self, unit: str | bytes) -> None:
         raise NotImplementedError
@@ -138,8 +147,22 @@ class Session:
                     if self._half_closed_after_final():
                         return
                     raise
-                for unit in self.split(frame):
-                    await self._handle(unit)
+                await self._batch(frame)
+
+    async def _batch(self, frame: str | bytes | None) -> None:
+        """Handle `frame` and the messages already buffered behind it (at most
+        MAX_BATCH_MESSAGES), then flush audio once and spend the rate budget."""
+        handled = units = 0
+        while frame is not None:
+            units += message_units(len(frame))
+            for unit in self.split(frame):
+                await self._handle(unit)
+                handled += 1
+            frame = self.channel.receive_buffered() if handled < MAX_BATCH_MESSAGES else None
+        self.after_batch()
+        await self._rate.spend(max(units, handled))
+        if handled >= MAX_BATCH_MESSAGES:  # more may be buffered: let other connections run first
+            await trio.lowlevel.checkpoint()
 
     async def _handle(self, unit: str | bytes) -> None:
         try:
@@ -183,9 +206,21 @@ class Session:
         return stream
 
     async def push(self, stream: EngineStream, samples: np.ndarray) -> None:
-        while stream.backlog_seconds > self.config.max_backlog_seconds and not stream.finished:
-            await self.progress.wait()  # back-pressure: stop reading until the engine catches up
-        if stream.push(samples):
+        """Add audio within the stream's budget: wait (reading paused, so the client is slowed
+        by flow control) until what the stream holds plus this packet fits."""
+        budget = backlog_samples(self.config)
+        incoming = stream.model_samples(len(samples))
+        if incoming > budget:
+            seconds = budget / self.ctx.engine.sample_rate
+            raise ProtocolError("message_too_large", f"one message may carry at most {seconds:g} s of audio")
+        while stream.held_samples + incoming > budget and not stream.finished:
+            stream.flush(force=stream.admitted_at is not None)
+            with trio.move_on_after(PEER_CHECK_S):
+                await self.progress.wait()
+            if self.channel.peer_gone():  # nobody reads the socket now: look at it directly
+                raise ChannelClosed()
+        stream.add(samples)
+        if stream.limit_reached:
             self.pending_end = "max_stream_seconds"
 
     # -- writing ----------------------------------------------------------------------
@@ -225,6 +260,8 @@ class Session:
                 await self.send(messages.queued(position, self.ctx.estimator.estimate(position, slots)))
             return False
         stream.admitted_at = trio.current_time()
+        stream.flush(force=True)  # audio received while queued
+        self.progress.set()
         self._arm_idle()
         await self.on_admitted(stream)
         return True

@@ -1,4 +1,10 @@
-"""One engine stream as a connection sees it: input accounting, resampling, results."""
+"""One engine stream as a connection sees it: input accounting, resampling, results.
+
+Audio a client sends is resampled at once and appended to one contiguous buffer
+(`pending`); it reaches the engine in pieces of at least MIN_PUSH_SECONDS, or all of it
+on admission and at the end of the stream. A queued stream therefore holds its audio
+here, in one bytearray, never one object per message.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -14,6 +20,9 @@ from .wakeup import Wakeup
 
 if TYPE_CHECKING:
     from ..engine import ASREngine, StreamResult
+
+MIN_PUSH_SECONDS = 0.01
+SAMPLE_BYTES = 4  # float32
 
 
 class EngineStream:
@@ -31,8 +40,11 @@ class EngineStream:
         self.input_rate = input_rate
         self._resampler = StreamResampler(input_rate)
         self._max_samples = None if max_seconds is None else int(max_seconds * engine.sample_rate)
+        self._pending = bytearray()  # float32 samples at the model rate, not yet pushed
+        self._min_push = int(MIN_PUSH_SECONDS * engine.sample_rate)
         self.pushed_samples = 0
         self.consumed_seconds = 0.0
+        self.limit_reached = False  # cut at max_seconds and finalized
         self.text = ""  # the transcript so far
         self.token_count = 0
         self.admitted_at: float | None = None
@@ -47,8 +59,22 @@ class EngineStream:
         return self.finalized_at is not None
 
     @property
-    def backlog_seconds(self) -> float:
-        return self.pushed_samples / self.engine.sample_rate - self.consumed_seconds
+    def pending_samples(self) -> int:
+        return len(self._pending) // SAMPLE_BYTES
+
+    @property
+    def held_samples(self) -> int:
+        """Audio (model rate) this stream holds, here and in the engine, not yet encoded."""
+        consumed = int(self.consumed_seconds * self.engine.sample_rate)
+        return max(0, self.pushed_samples - consumed) + self.pending_samples
+
+    @property
+    def received_samples(self) -> int:
+        return self.pushed_samples + self.pending_samples
+
+    def model_samples(self, n: int) -> int:
+        """How many model-rate samples `n` samples at the input rate become (rounded up)."""
+        return -(-n * self.engine.sample_rate // self.input_rate)
 
     def set_input_rate(self, rate: int) -> None:
         """Only before the first packet (a start message)."""
@@ -58,21 +84,32 @@ class EngineStream:
     def position(self) -> int:
         return self.engine.queue_position(self.sid)
 
-    def push(self, samples: np.ndarray) -> bool:
-        """Queue audio; returns True when the stream hit its time limit and was finalized."""
+    def add(self, samples: np.ndarray) -> None:
+        """Take a packet; at the time limit the audio is cut and the stream finalized."""
         if self.finalized:
             raise ProtocolError("stream_closed", "audio after the end of the stream")
         samples = self._resampler.push(samples)
-        room = None if self._max_samples is None else self._max_samples - self.pushed_samples
-        over = room is not None and len(samples) >= room
-        self._push_engine(samples[:room] if over else samples)
-        if over:
+        if self._max_samples is not None and self.received_samples + len(samples) >= self._max_samples:
+            samples = samples[: self._max_samples - self.received_samples]
+            self.limit_reached = True
+        self._pending += memoryview(np.ascontiguousarray(samples, np.float32)).cast("B")
+        if self.limit_reached:
             self.finalize()
-        return over
+
+    def flush(self, force: bool = False) -> None:
+        """Hand pending audio to the engine: once admitted and at least MIN_PUSH_SECONDS
+        of it (or any amount when forced)."""
+        if self.admitted_at is None and not force:
+            return
+        if self._pending and (force or self.pending_samples >= self._min_push):
+            samples = np.frombuffer(self._pending, np.float32).copy()
+            self._pending = bytearray()
+            self._push_engine(samples)
 
     def finalize(self) -> None:
         if self.finalized:
             return
+        self.flush(force=True)
         self._push_engine(self._resampler.push(np.zeros(0, np.float32), last=True))
         self.finalized_at = trio.current_time()
         self.engine.finalize(self.sid)
@@ -97,6 +134,7 @@ class EngineStream:
         return None if self.admitted_at is None else trio.current_time() - self.admitted_at
 
     def cancel(self) -> None:
+        self._pending = bytearray()
         if not self.finished:
             self.finished = True
             with contextlib.suppress(EngineError):
@@ -107,10 +145,8 @@ class EngineStream:
             return
         try:
             self.engine.push_audio(self.sid, samples)
-        except EngineError as exc:
-            if exc.code == "inference_error":
-                return  # the stream failed; its error result is on the way to the client
-            raise ProtocolError("stream_closed", "the stream has ended") from exc
+        except EngineError:
+            return  # failed or cancelled in the engine: its final or error result tells the client
         self.pushed_samples += len(samples)
 
 

@@ -1,12 +1,24 @@
 """Newline-delimited JSON over a raw TCP stream."""
 from __future__ import annotations
 
+import socket
+
 import trio
 
 from .channel import ChannelClosed, SlowConsumer
 from .codes import ProtocolError
 
 RECEIVE_BYTES = 65536
+TCP_CLOSE = 7  # Linux tcp_info state after a reset
+TCP_CLOSE_WAIT = 8  # the peer sent FIN
+
+
+def socket_state(sock) -> int | None:
+    """The kernel's TCP state of `sock` (Linux), or None where it cannot be read."""
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+    except (AttributeError, OSError):
+        return None
 
 
 class TcpChannel:
@@ -14,7 +26,7 @@ class TcpChannel:
 
     def __init__(self, stream: trio.SocketStream, max_line: int, send_timeout: float) -> None:
         self._stream = stream
-        self._max_line = max_line
+        self.max_line = max_line
         self._send_timeout = send_timeout
         self._buffer = bytearray()
         self._scanned = 0  # bytes of _buffer known to hold no newline
@@ -28,15 +40,25 @@ class TcpChannel:
             elif line.strip():
                 return _text(line)
 
+    def receive_buffered(self) -> str | None:
+        while (line := self._next_line()) is not None:
+            if line.strip():
+                return _text(line)
+        return None
+
+    def peer_gone(self) -> bool:
+        # A FIN is not enough: a client may half-close after its final and still read.
+        return socket_state(self._stream.socket) == TCP_CLOSE
+
     def _next_line(self) -> bytes | None:
         end = self._buffer.find(b"\n", self._scanned)
         if end < 0:
             self._scanned = len(self._buffer)
-            if self._scanned > self._max_line:
-                raise ProtocolError("message_too_large", f"a line exceeds {self._max_line} bytes")
+            if self._scanned > self.max_line:
+                raise ProtocolError("message_too_large", f"a line exceeds {self.max_line} bytes")
             return None
-        if end > self._max_line:
-            raise ProtocolError("message_too_large", f"a line exceeds {self._max_line} bytes")
+        if end > self.max_line:
+            raise ProtocolError("message_too_large", f"a line exceeds {self.max_line} bytes")
         line = bytes(self._buffer[:end])
         del self._buffer[: end + 1]
         self._scanned = 0

@@ -1,11 +1,14 @@
 """WebSocket transport: handshake checks, routing, and the message channel."""
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest
+from trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection, WebSocketRequest
+from wsproto.connection import ConnectionState
+from wsproto.events import CloseConnection
 
 from . import jsonio, messages
 from .auth import bearer_token, key_ok, origin_ok
@@ -13,11 +16,13 @@ from .channel import ChannelClosed, SlowConsumer
 from .codes import ProtocolError
 from .native import NativeSession
 from .realtime import RealtimeSession
+from .tcp import TCP_CLOSE, TCP_CLOSE_WAIT, socket_state
 
 if TYPE_CHECKING:
     from .context import ServerContext
 
 REALTIME_PATH = "/v1/realtime"
+MAX_HANDSHAKE_BYTES = 16384  # request line and headers, as on the HTTP port (larger: 431)
 
 
 class WsChannel:
@@ -34,6 +39,14 @@ class WsChannel:
             if exc.reason is not None and exc.reason.code == 1009:
                 raise ProtocolError("message_too_large", "the message is too large") from None
             raise ChannelClosed() from None
+
+    def receive_buffered(self) -> None:
+        return None  # trio_websocket hands over one message at a time
+
+    def peer_gone(self) -> bool:
+        # trio_websocket keeps its transport private; without it there is nothing to look at
+        sock = getattr(getattr(self._ws, "_stream", None), "socket", None)
+        return sock is not None and socket_state(sock) in (TCP_CLOSE, TCP_CLOSE_WAIT)
 
     async def send(self, data: bytes) -> None:
         with trio.move_on_after(self._send_timeout) as scope:
@@ -58,18 +71,40 @@ class WsChannel:
 
 
 async def handle_request(ctx: ServerContext, request: WebSocketRequest) -> None:
-    target = urlsplit(request.path)
-    query = dict(parse_qsl(target.query))
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
-    refusal = _refusal(ctx, headers, query)
+    refusal = _malformed(request)
+    if refusal is None:
+        target = urlsplit(request.path)
+        query = dict(parse_qsl(target.query))
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
+        refusal = _refusal(ctx, headers, query)
     if refusal is not None:
-        ctx.metrics.error(refusal[1])
-        await request.reject(refusal[0], body=jsonio.dumps(messages.error(*refusal[1:])))
+        await _reject(ctx, request, *refusal)
         return
     ws = await request.accept()
     channel = WsChannel(ws, ctx.config.send_timeout)
     session = RealtimeSession if target.path.rstrip("/") == REALTIME_PATH else NativeSession
     await session(ctx, channel, query).run()
+
+
+def _malformed(request: WebSocketRequest) -> tuple[int, str, str] | None:
+    size = len(request.path) + sum(len(k) + len(v) + 4 for k, v in request.headers)
+    if size > MAX_HANDSHAKE_BYTES:
+        return 431, "bad_request", "request header fields too large"
+    try:
+        urlsplit(request.path)
+    except ValueError:  # e.g. an unclosed IPv6 bracket: "//[x/"
+        return 400, "bad_request", "malformed request target"
+    return None
+
+
+async def _reject(ctx: ServerContext, request: WebSocketRequest, status: int, code: str, message: str) -> None:
+    ctx.metrics.error(code)
+    await request.reject(status, body=jsonio.dumps(messages.error(code, message)))
+    # trio_websocket keeps a rejected connection open until the client closes it, so that
+    # one client could hold any number of them: close it (through its private API, if there)
+    close = getattr(getattr(request, "_connection", None), "_close_stream", None)
+    if close is not None:
+        await close()
 
 
 def _refusal(ctx: ServerContext, headers: dict[str, str], query: dict) -> tuple[int, str, str] | None:
@@ -78,3 +113,23 @@ def _refusal(ctx: ServerContext, headers: dict[str, str], query: dict) -> tuple[
     if not key_ok(ctx.config.api_key, bearer_token(headers) or query.get("api_key")):
         return 401, "unauthorized", "a valid API key is required"
     return None
+
+
+def _send_close_on_protocol_error() -> None:
+    """RFC 6455 7.1.7: a malformed frame fails the connection with a close frame (1002, or
+    1007 for a text frame that is not UTF-8). wsproto reports it as a CloseConnection event
+    while the connection is still OPEN (a peer's close frame would have moved it on), and
+    trio_websocket then drops the TCP connection without the frame; send it first."""
+    original = WebSocketConnection._handle_close_connection_event
+
+    async def handle(self: WebSocketConnection, event: CloseConnection) -> None:
+        if self._wsproto.state is ConnectionState.OPEN:
+            self._close_reason = CloseReason(event.code, event.reason or None)  # no sends from now on
+            with contextlib.suppress(ConnectionClosed), trio.move_on_after(1):
+                await self._send(CloseConnection(code=event.code, reason=event.reason))
+        await original(self, event)
+
+    WebSocketConnection._handle_close_connection_event = handle
+
+
+_send_close_on_protocol_error()

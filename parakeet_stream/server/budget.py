@@ -1,0 +1,84 @@
+"""Per-connection budgets: message rate, the memory bound, and the start-up memory check.
+
+What a connection may hold (docs/protocol.md section 5): its stream's audio not yet encoded
+(`max_backlog_seconds` at the model rate, float32, whether queued or admitted) plus the
+message it is reading or parsing (framing buffers and the decoded samples, each at most
+`max_message_bytes`), plus a fixed overhead for its tasks and buffers.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import trio
+
+from .config import ServerConfig
+
+MODEL_RATE = 16000
+SAMPLE_BYTES = 4
+MAX_BATCH_MESSAGES = 64  # messages handled per wake-up before yielding to other connections
+MESSAGE_UNIT_BYTES = 8192  # a message counts once per started 8 KiB against the rate
+MESSAGE_COPIES = 5  # framing buffers (transport + WebSocket queue) and decoded copies
+CONNECTION_OVERHEAD = 256 * 1024
+MIN_BACKLOG_SECONDS = 2.0  # below a chunk plus its context the engine could never catch up
+
+
+def message_units(size: int) -> int:
+    return max(1, math.ceil(size / MESSAGE_UNIT_BYTES))
+
+
+def backlog_samples(config: ServerConfig) -> int:
+    """The audio budget of one stream, in samples at the model rate."""
+    return int(max(config.max_backlog_seconds, MIN_BACKLOG_SECONDS) * MODEL_RATE)
+
+
+def backlog_bytes(config: ServerConfig) -> int:
+    return backlog_samples(config) * SAMPLE_BYTES
+
+
+def connection_bytes(config: ServerConfig) -> int:
+    """The documented memory bound of one connection (stream and message in flight)."""
+    return backlog_bytes(config) + MESSAGE_COPIES * config.max_message_bytes + CONNECTION_OVERHEAD
+
+
+def memory_problem(config: ServerConfig, streams: int, available: int | None = None) -> str | None:
+    """Why `streams` connections (slots + queue places) at their bound do not fit, or None."""
+    available = available_memory() if available is None else available
+    need = streams * connection_bytes(config)
+    if need <= available:
+        return None
+    return (
+        f"{streams} streams (slots + queue) x {connection_bytes(config) / 2**20:.1f} MiB per stream "
+        f"= {need / 2**30:.1f} GiB, but only {available / 2**30:.1f} GiB of memory is available; "
+        "lower --max-queue, --max-num-streams, --max-backlog-seconds or --max-message-bytes"
+    )
+
+
+def available_memory() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62  # unknown: do not refuse
+
+
+class TokenBucket:
+    """Message-rate budget: `rate` units per second, bursts up to one second's worth.
+
+    Over budget the reader sleeps (it stops reading, so TCP flow control slows the client);
+    nothing is dropped.
+    """
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._tokens = rate
+        self._at = trio.current_time()
+
+    async def spend(self, units: int) -> None:
+        now = trio.current_time()
+        self._tokens = min(self.rate, self._tokens + (now - self._at) * self.rate) - units
+        self._at = now
+        if self._tokens < 0:
+            await trio.sleep(-self._tokens / self.rate)

@@ -1,0 +1,637 @@
+"""Hostile clients (DESIGN.md section 5): per-connection budgets, a fair event loop, and no
+traceback from any input.
+
+Every test runs a real `parakeet-serve` process (the tiny fixture model) and attacks it over
+loopback sockets: memory is the server's RSS read from /proc, tracebacks are looked for in its
+log (stderr, written to a file), latency is what a concurrent well-behaved client observes.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import re
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import numpy as np
+import orjson
+import pytest
+import trio
+import wsproto
+from wsproto.events import BytesMessage, CloseConnection, Request, TextMessage
+
+from parakeet_stream.server import ServerConfig
+from parakeet_stream.server.budget import connection_bytes, memory_problem
+from test_server_support import (  # noqa: F401 - fixtures are used by name
+    BareWebSocket,
+    Raw,
+    audio_messages,
+    http_get,
+    pcm16_b64,
+    sentence,
+)
+
+MB = 2**20
+BUDGET_MB = 30 * 16000 * 4 / MB  # --max-backlog-seconds 30 of float32 audio at 16 kHz
+FRAME_SECONDS = 0.08  # one encoder frame (10 ms hops, 8x subsampling)
+PACKET = 640  # the good client sends 40 ms packets
+HANDSHAKE_S = 2.0
+SOLO_RUNS = 2
+
+
+class Server:
+    """`parakeet-serve` with its log in a file (a pipe nobody reads could block it)."""
+
+    def __init__(self, model_dir: Path, log_path: Path, *args: str) -> None:
+        cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", str(model_dir), "--log-level", "info"]
+        cmd += ["--port", "0", "--ws-port", "0", "--http-port", "0", "--handshake-timeout", str(HANDSHAKE_S), *args]
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in close()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        for line in self.proc.stdout:
+            if line.startswith("parakeet-serve ready:"):
+                break
+        else:
+            raise RuntimeError(f"server did not start: {self.log()[-2000:]}")
+        self.ports = {k: int(v) for k, v in re.findall(r"(\w+)://127\.0\.0\.1:(\d+)", line)}
+
+    def url(self, kind: str, path: str = "/") -> str:
+        port = self.ports[kind]
+        return f"tcp://127.0.0.1:{port}" if kind == "tcp" else f"ws://127.0.0.1:{port}{path}"
+
+    def rss_mb(self) -> float:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    async def health(self) -> dict:
+        status, body = await http_get(self.ports["http"], "/health")
+        assert status == 200
+        return orjson.loads(body)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self._log.close()
+
+
+@pytest.fixture
+def serve(tiny_model_dir, tmp_path):
+    """Start servers with extra flags; each is killed at the end and its log checked."""
+    servers = []
+
+    def start(*args: str) -> Server:
+        servers.append(Server(tiny_model_dir, tmp_path / f"server{len(servers)}.log", *args))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+        assert_clean_log(server.log())
+
+
+def assert_clean_log(log: str) -> None:
+    assert "Traceback" not in log, log[-3000:]
+    assert not re.search(r" (ERROR|CRITICAL) ", log), log[-3000:]
+
+
+# -- clients -------------------------------------------------------------------------------
+
+
+async def good_stream(address: str, samples: np.ndarray, after_hello=None) -> tuple[list[int], list[float]]:
+    """A real-time client (40 ms packets). Returns its tokens and, for each chunk result, the
+    seconds from sending the packet that completed the chunk (lookahead included) to
+    receiving its result. `after_hello` is awaited once the stream is admitted."""
+    results: list[tuple[dict, float]] = []
+    sent: list[tuple[float, float]] = []  # (audio seconds sent so far, when)
+    async with Raw.open(address) as conn:
+        hello = (await conn.until("hello"))[-1]
+        if after_hello is not None:
+            await after_hello()
+
+        async def read() -> None:
+            while (message := await conn.recv()) is not None:
+                if message["type"] == "result":
+                    results.append((message, trio.current_time()))
+                    if message["is_final"]:
+                        return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            start = trio.current_time()
+            for i, message in enumerate(audio_messages(samples, PACKET)):
+                await trio.sleep_until(start + i * PACKET / 16000)
+                await conn.send(message)
+                sent.append((min(len(samples), (i + 1) * PACKET) / 16000, trio.current_time()))
+    tokens = [t for m, _ in results for t in m["token_ids"]]
+    # `audio_seconds` counts the chunk's right-context frames too: the audio a result needs
+    # ends that many frames earlier
+    right = hello["lookahead"][1] * FRAME_SECONDS
+    latencies = []
+    for message, received in results:
+        needed = message["audio_seconds"] - right - 1e-6
+        if not message["is_final"] and needed <= sent[-1][0]:
+            latencies.append(received - next(when for end, when in sent if end >= needed))
+    return tokens, latencies
+
+
+def p95(values: list[float]) -> float:
+    return float(np.percentile(values, 95))
+
+
+async def drain(stream: trio.SocketStream) -> None:
+    """Read and discard, so that the server never sees a slow consumer."""
+    try:
+        while await stream.receive_some(65536):
+            pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def tcp_flooder(port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Admitted (or queued) TCP client sending 1-sample messages as fast as it can."""
+    blob = b'{"type":"audio","samples":[0.001]}\n' * 4096
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream, trio.open_nursery() as nursery:
+        nursery.start_soon(drain, stream)
+        task_status.started()
+        while True:
+            await stream.send_all(blob)
+
+
+async def ws_flooder(port: int, frame: bytes = b"\x01\x00", path: str = "/", task_status=trio.TASK_STATUS_IGNORED):
+    """WebSocket client sending binary audio frames (default: one sample) as fast as it can."""
+    ws = await BareWebSocket.connect(port, path)
+    blob = b"".join(ws._ws.send(BytesMessage(data=frame)) for _ in range(max(1, 8192 // len(frame))))
+    async with ws.stream, trio.open_nursery() as nursery:
+        nursery.start_soon(drain, ws.stream)
+        task_status.started()
+        while True:
+            await ws.stream.send_all(blob)
+
+
+async def holder(address: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Takes a slot and keeps it (sends nothing, reads everything, never times out)."""
+    async with Raw.open(address) as conn:
+        await conn.until("hello")
+        task_status.started()
+        while await conn._receive() is not None:
+            pass
+
+
+async def warm_up(server: Server, audio: np.ndarray) -> None:
+    """One transcription, so that the engine's first-use allocations are not counted."""
+    async with Raw.open(server.url("tcp")) as conn:
+        for message in audio_messages(audio):
+            await conn.send(message)
+        await conn.until("result", is_final=True)
+
+
+async def wait_for(predicate, timeout: float, step: float = 0.05):
+    with trio.fail_after(timeout):
+        while not (value := await predicate()):
+            await trio.sleep(step)
+    return value
+
+
+# -- 1. memory -------------------------------------------------------------------------------
+
+
+async def test_queued_flooders_stay_within_their_memory_budget(serve, sentence):
+    """Issue repro 1 and 4: queued WebSocket clients flooding tiny frames (the rate limit is
+    lifted here, so only coalescing bounds them) or big frames at 4 kHz hold at most their
+    audio budget; a message carrying more audio than the whole budget is refused."""
+    server = serve("--max-num-streams", "1", "--max-queue", "6", "--max-messages-per-second", "1e9")
+    ws = server.ports["ws"]
+    await warm_up(server, sentence)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(holder, server.url("tcp"))
+        await trio.sleep(0.5)
+        before = server.rss_mb()
+        for _ in range(4):
+            await nursery.start(ws_flooder, ws)
+        for _ in range(2):  # 64 KiB of pcm16 at 4 kHz is 8.2 s of audio: the budget fills in 4 frames
+            await nursery.start(ws_flooder, ws, b"\x01\x00" * 32768, "/?sample_rate=4000")
+        await wait_for(lambda: _queued(server, 6), timeout=10)
+        peak = before
+        for _ in range(40):
+            await trio.sleep(0.2)
+            peak = max(peak, server.rss_mb())
+        flooders = 6
+        print(f"RSS {before:.0f} MB -> peak {peak:.0f} MB with {flooders} queued flooders")
+        assert peak - before <= flooders * (BUDGET_MB + 2) + 10
+        nursery.cancel_scope.cancel()
+    await wait_for(lambda: _queued(server, 0), timeout=5)
+    print(f"RSS after the flooders left: {server.rss_mb():.0f} MB")
+
+    big = await BareWebSocket.connect(ws, "/?sample_rate=4000")
+    await big.stream.send_all(big._ws.send(BytesMessage(data=b"\x01\x00" * (1 << 19))))  # 131 s of audio
+    assert await _close_code(big) == 1009
+    await wait_for(lambda: _queued(server, 0), timeout=5)
+    await trio.sleep(0.5)
+    after = server.rss_mb()
+    print(f"RSS after the big message: {after:.0f} MB")
+    assert after - before <= flooders * (BUDGET_MB + 2) + 10  # what their audio cost the engine
+
+
+async def _queued(server: Server, n: int) -> bool:
+    return (await server.health())["queued"] == n
+
+
+async def _close_code(ws: BareWebSocket, timeout: float = 5) -> int | None:
+    """Read until the server's close frame (its code) or EOF (None)."""
+    with trio.fail_after(timeout):
+        while data := await ws.stream.receive_some(65536):
+            ws._ws.receive_data(data)
+            for event in ws._ws.events():
+                if isinstance(event, CloseConnection):
+                    return event.code
+    return None
+
+
+async def test_admitted_flooder_memory_is_bounded(serve, sentence):
+    """An admitted client flooding 1-sample messages (no rate limit) costs a few MB at most."""
+    server = serve("--max-num-streams", "2", "--max-queue", "2", "--max-messages-per-second", "1e9")
+    await warm_up(server, sentence)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(holder, server.url("tcp"))
+        await trio.sleep(0.5)
+        before = server.rss_mb()
+        await nursery.start(tcp_flooder, server.ports["tcp"])
+        peak = before
+        for _ in range(30):
+            await trio.sleep(0.2)
+            peak = max(peak, server.rss_mb())
+        print(f"RSS {before:.0f} MB -> peak {peak:.0f} MB with an admitted flooder")
+        assert peak - before <= BUDGET_MB + 10
+        nursery.cancel_scope.cancel()
+
+
+# -- 2. a fair event loop ------------------------------------------------------------------
+
+
+async def test_flooders_do_not_starve_other_streams(serve, sentence):
+    """Issue repro 2: one flooding client (TCP or WebSocket, admitted; or two queued ones)
+    raises another stream's p95 result latency by at most 3x + 0.3 s of its solo value, and
+    the other stream's tokens stay those of its solo run."""
+    server = serve("--max-num-streams", "2", "--max-queue", "4")
+    audio = np.concatenate([sentence, sentence])
+    solo = []
+    for _ in range(SOLO_RUNS):
+        tokens, latencies = await good_stream(server.url("tcp"), audio)
+        solo.append(p95(latencies))
+    bound = 3 * min(solo) + 0.3
+    print(f"solo p95 {min(solo):.3f} s over {len(latencies)} chunks; bound {bound:.3f} s")
+
+    async def flooded(*flooders) -> float:
+        """The good stream's p95 with `flooders` started once it is admitted."""
+        async with trio.open_nursery() as nursery:
+
+            async def start() -> None:
+                for flooder, *args in flooders:
+                    await nursery.start(flooder, *args)
+
+            flood_tokens, flood_latencies = await good_stream(server.url("tcp"), audio, start)
+            nursery.cancel_scope.cancel()
+        assert flood_tokens == tokens
+        return p95(flood_latencies)
+
+    tcp, ws = server.ports["tcp"], server.ports["ws"]
+    figures = {
+        "admitted TCP flooder": await flooded((tcp_flooder, tcp)),
+        "admitted WebSocket flooder": await flooded((ws_flooder, ws)),
+        "two queued WebSocket flooders": await flooded((holder, server.url("tcp")), (ws_flooder, ws), (ws_flooder, ws)),
+    }
+    print("p95 with " + ", ".join(f"{k}: {v:.3f} s" for k, v in figures.items()))
+    assert all(v <= bound for v in figures.values()), (figures, bound)
+
+
+# -- 3. deadlines and vanishing clients ------------------------------------------------------
+
+
+async def test_unauthenticated_tcp_connections_are_closed_by_the_deadline(serve):
+    """Issue 5: with --api-key, 1,000 idle TCP connections that never send a key are each told
+    `unauthorized` and closed within the handshake timeout."""
+    server = serve("--api-key", "k", "--max-num-streams", "2", "--max-queue", "2")
+    ends: list[tuple[float, bytes]] = []
+
+    async def idle(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        stream = await trio.open_tcp_stream("127.0.0.1", server.ports["tcp"])
+        opened = trio.current_time()
+        task_status.started()
+        data = b""
+        async with stream:
+            with trio.fail_after(HANDSHAKE_S + 10):
+                try:
+                    while chunk := await stream.receive_some(4096):
+                        data += chunk
+                except trio.BrokenResourceError:
+                    pass
+        ends.append((trio.current_time() - opened, data))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(1000):
+            await nursery.start(idle)
+    slowest = max(t for t, _ in ends)
+    print(f"1000 unauthenticated connections closed after at most {slowest:.2f} s")
+    assert len(ends) == 1000 and slowest <= HANDSHAKE_S + 3
+    assert all(orjson.loads(data)["code"] == "unauthorized" for _, data in ends)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
+async def test_queued_client_that_vanishes_unread_leaves_the_queue_at_once(serve, transport):
+    """Issue repro 6: a queued client whose input the server has stopped reading (its audio
+    budget is full) and which then resets its connection leaves the queue at once."""
+    server = serve("--max-num-streams", "1", "--max-queue", "4")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(holder, server.url("tcp"))
+        sock = trio.socket.socket()
+        await sock.connect(("127.0.0.1", server.ports[transport]))
+        second = np.zeros(16000, np.float32)
+        if transport == "tcp":
+            stream = trio.SocketStream(sock)
+            data = b"".join(orjson.dumps(m) + b"\n" for m in audio_messages(second)[:-1]) * 40
+        else:
+            ws = await BareWebSocket.connect(server.ports["ws"], sock=sock)
+            stream = ws.stream
+            data = ws.frames(*audio_messages(second)[:-1]) * 40
+        nursery.start_soon(drain, stream)
+        with trio.move_on_after(2):  # 40 s of audio: more than the budget, so the server stops reading
+            await stream.send_all(data)
+        assert (await server.health())["queued"] == 1
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset, with unread data on the server's side
+        vanished = trio.current_time()
+        await wait_for(lambda: _queued(server, 0), timeout=5, step=0.02)
+        print(f"{transport}: queue place freed {trio.current_time() - vanished:.2f} s after the reset")
+        assert trio.current_time() - vanished <= 1.0
+        nursery.cancel_scope.cancel()
+
+
+# -- 4. no traceback from any input ----------------------------------------------------------
+
+F32_HUGE = base64.b64encode(np.array([3e38, -3e38, 0.5] * 1000, "<f4").tobytes()).decode()
+
+
+async def test_malformed_input_gets_documented_answers_and_no_traceback(serve, sentence):
+    """Issue repro 3 and 5: each input gets its documented answer and the log stays clean."""
+    server = serve("--max-num-streams", "2", "--max-queue", "4")
+    tcp, ws, http = server.url("tcp"), server.url("ws"), server.ports["http"]
+
+    # JSON null and other non-objects are messages, not raw audio: dropped with a code, kept open
+    for address in (tcp, ws):
+        async with Raw.open(address) as conn:
+            for line in ("null", "3", '"x"', "[]", "true"):
+                await conn.send(line)
+                await conn.send({"type": "ping"})
+                errors = [m for m in await conn.until("pong") if m["type"] == "error"]
+                assert [e["code"] for e in errors] == ["invalid_message"], (address, line, errors)
+
+    # a sample rate as a string (numeric or not) or a huge number: invalid_config, then close
+    for rate in ("²", "16000", "١٦٠٠٠", 10**400, -16000, True, 16000.5):
+        async with Raw.open(tcp) as conn:
+            await conn.send(_dumps({"type": "start", "sample_rate": rate}))
+            assert [m.get("code") for m in await conn.rest() if m["type"] == "error"] == ["invalid_config"], rate
+    async with Raw.open(tcp) as conn:  # too many digits for Python's int(): not JSON we can read
+        await conn.send('{"type":"start","sample_rate":' + "1" * 5000 + "}")
+        await conn.send({"type": "ping"})
+        assert [m.get("code") for m in await conn.until("pong") if m["type"] == "error"] == ["invalid_json"]
+    for query in ("sample_rate=%C2%B2", "sample_rate=" + "1" * 5000, "sample_rate=16000.0", "lookahead=%D9%A7,1"):
+        for path in ("/", "/v1/realtime") if query.startswith("sample_rate") else ("/",):
+            async with Raw.open(server.url("ws", f"{path}?{query}")) as conn:
+                seen = await conn.rest()
+                assert [m.get("code") for m in seen if m["type"] == "error"] == ["invalid_config"], (path, query, seen)
+                assert conn.close_code == 1008
+    async with Raw.open(server.url("ws", "/?sample_rate=48000&lookahead=70,1")) as conn:  # strict, not picky
+        assert (await conn.recv())["sample_rate"] == 48000
+    for update in ({"session": {"sample_rate": "²"}}, {"sample_rate": "24000"}, {"sample_rate": 10**30}):
+        async with Raw.open(server.url("ws", "/v1/realtime")) as conn:
+            await conn.until("session.created")
+            await conn.send(_dumps({"type": "session.update", **update}))
+            seen = await conn.rest()
+            assert [m.get("code") for m in seen if m["type"] == "error"] == ["invalid_config"], update
+
+    # malformed HTTP targets, WebSocket paths and headers
+    for target in ("http://[::1/", "/[", "//[x/"):
+        assert (await http_get(http, target))[0] in (400, 404), target
+    assert (await http_get(http, "http://[::1/"))[0] == 400
+    assert await _raw_http(http, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n") == 431
+    assert await _raw_http(http, b"\x16\x03\x01 not http at all\r\n\r\n") == 400
+    assert await _raw_http(server.ports["ws"], _upgrade("//[x/")) == 400
+    assert await _raw_http(server.ports["ws"], _upgrade("/", b"X-Big: " + b"a" * 20000 + b"\r\n")) in (400, 431)
+
+    # malformed WebSocket frames: close 1002
+    for frame in (b"\x82\x02\x01\x00", b"\xf2\x80abcd", b"\x8f\x80abcd", b"\x89\xfe\x01\x00abcd" + b"\x00" * 256):
+        client = await BareWebSocket.connect(server.ports["ws"])  # unmasked; reserved bits; bad opcode; big ping
+        await client.stream.send_all(frame)
+        assert await _close_code(client) == 1002, frame
+        await client.drop()
+
+    # huge but finite f32 samples are clipped, and the stream goes on to its final result
+    async with Raw.open(tcp) as conn:
+        await conn.send({"type": "audio", "data": F32_HUGE, "encoding": "f32"})
+        await conn.send({"type": "audio", "samples": [3e38, -3e38, 1.0]})
+        for message in audio_messages(sentence):
+            await conn.send(message)
+        seen = await conn.until("result", is_final=True)
+        assert not [m for m in seen if m["type"] == "error"]
+    assert (await server.health())["status"] == "ok"
+    lines = [line for line in server.log().splitlines() if " parakeet_stream" in line or "Error" in line]
+    assert len(lines) <= 5, lines[-10:]
+
+
+def _upgrade(path: str, extra: bytes = b"") -> bytes:
+    return (
+        f"GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    ).encode() + extra + b"\r\n"
+
+
+async def _raw_http(port: int, request: bytes) -> int | None:
+    """Send raw bytes; the HTTP status of the answer (None: closed without one). The server must
+    close the connection after answering."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    data = b""
+    async with stream:
+        with trio.fail_after(5):
+            try:
+                await stream.send_all(request)
+                while chunk := await stream.receive_some(65536):
+                    data += chunk
+            except trio.BrokenResourceError:
+                pass
+    match = re.match(rb"HTTP/1\.1 (\d+)", data)
+    return int(match.group(1)) if match else None
+
+
+# -- 5. fuzz -----------------------------------------------------------------------------------
+
+FUZZ_SECONDS = 20
+FUZZ_WORKERS = 3
+
+
+class Fuzzer:
+    """Seeded inputs: random bytes, random JSON, and mutated valid messages."""
+
+    def __init__(self, seed: int, audio: np.ndarray) -> None:
+        self.rng = random.Random(seed)
+        self.valid = [
+            {"type": "start", "sample_rate": 48000, "encoding": "f32", "lookahead": "70,1"},
+            {"type": "audio", "data": pcm16_b64(audio[:1600]), "encoding": "pcm16", "final": False},
+            {"type": "audio", "samples": [0.0, 0.1, -0.2], "final": False},
+            {"type": "audio", "data": "", "final": True},
+            {"type": "close"},
+            {"type": "ping"},
+            {"type": "session.update", "session": {"sample_rate": 24000}},
+            {"type": "input_audio_buffer.append", "audio": pcm16_b64(audio[:800])},
+            {"type": "input_audio_buffer.commit", "final": True},
+        ]
+
+    def value(self, depth: int = 0):
+        r = self.rng
+        kinds = [None, True, 0, -1, 2**70, 1e308, "", "²", "16000", "x" * r.randrange(200), "١٦", [], {}]
+        if depth < 3 and r.random() < 0.3:
+            return [self.value(depth + 1) for _ in range(r.randrange(4))]
+        if depth < 3 and r.random() < 0.3:
+            return {r.choice(["type", "data", "samples", "final", "sample_rate", "audio", "x"]): self.value(depth + 1)}
+        return r.choice(kinds + [r.uniform(-1e38, 1e38), r.randrange(-(2**40), 2**40)])
+
+    def mutated(self) -> dict:
+        message = dict(self.rng.choice(self.valid))
+        for _ in range(self.rng.randrange(1, 3)):
+            key = self.rng.choice(list(message) + ["sample_rate", "final", "encoding", "api_key"])
+            if self.rng.random() < 0.2:
+                message.pop(key, None)
+            else:
+                message[key] = self.value()
+        return message
+
+    def text(self) -> str | bytes:
+        r = self.rng.random()
+        if r < 0.2:
+            return self.rng.randbytes(self.rng.randrange(1, 300))
+        if r < 0.45:
+            return _dumps(self.value())
+        data = _dumps(self.mutated())
+        if self.rng.random() < 0.3 and data:  # flip, cut or duplicate some bytes
+            i = self.rng.randrange(len(data))
+            data = self.rng.choice([data[:i], data[:i] + data[i + 1 :], data[:i] + "\x00" + data[i:], data + data])
+        return data
+
+    def query(self) -> str:
+        keys = ["sample_rate", "encoding", "lookahead", "api_key"]
+        values = ["²", "16000", "1" * self.rng.randrange(1, 3000), "%ff", "pcm16", "70,1", "[", ""]
+        return "&".join(f"{self.rng.choice(keys)}={self.rng.choice(values)}" for _ in range(self.rng.randrange(4)))
+
+    def http(self) -> bytes:
+        targets = ["/health", "http://[::1/", "//[x/", "/%00", "/" + "a" * 5000, "*", "/../../etc/passwd", "/?" + self.query()]
+        request = f"{self.rng.choice(['GET', 'POST', 'BREW', 'G ET'])} {self.rng.choice(targets)} HTTP/1.1\r\nHost: x\r\n"
+        data = request.encode() + b"\r\n"
+        if self.rng.random() < 0.3:
+            data = self.rng.randbytes(self.rng.randrange(1, 500)) + data
+        return data
+
+
+def _dumps(value) -> str:
+    """JSON text of any value, big integers and non-ASCII text included (orjson refuses some)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+async def fuzz_one(fuzzer: Fuzzer, server: Server) -> None:
+    """One connection with a few fuzzed inputs; whatever comes back is read and ignored."""
+    kind = fuzzer.rng.choice(["tcp", "ws", "realtime", "http", "ws-frames"])
+    port = server.ports["http" if kind == "http" else "tcp" if kind == "tcp" else "ws"]
+    with trio.move_on_after(1.5):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream, trio.open_nursery() as nursery:
+            nursery.start_soon(drain, stream)
+            try:
+                if kind == "http":
+                    await stream.send_all(fuzzer.http())
+                elif kind == "tcp":
+                    for _ in range(fuzzer.rng.randrange(1, 6)):
+                        text = fuzzer.text()
+                        await stream.send_all((text if isinstance(text, bytes) else text.encode()) + b"\n")
+                else:
+                    path = "/v1/realtime" if kind == "realtime" else "/"
+                    ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+                    target = f"{path}?{quote(fuzzer.query(), safe='=&,')}"
+                    await stream.send_all(ws.send(Request(host="x", target=target)))
+                    await trio.sleep(0.05)
+                    for _ in range(fuzzer.rng.randrange(1, 6)):
+                        if kind == "ws-frames":  # raw bytes where frames belong
+                            await stream.send_all(fuzzer.rng.randbytes(fuzzer.rng.randrange(1, 64)))
+                            continue
+                        text = fuzzer.text()
+                        event = BytesMessage(data=text) if isinstance(text, bytes) else TextMessage(data=text)
+                        await stream.send_all(ws.send(event))
+                await trio.sleep(fuzzer.rng.choice([0, 0.1, 0.5]))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, wsproto.utilities.LocalProtocolError):
+                pass
+            nursery.cancel_scope.cancel()
+
+
+async def test_fuzz_every_endpoint_while_a_good_stream_runs(serve, sentence):
+    """Random bytes, random JSON and mutated valid messages at TCP, WebSocket, /v1/realtime and
+    HTTP for FUZZ_SECONDS: no traceback, the good stream's tokens identical to its solo run,
+    RSS bounded, nothing left behind."""
+    server = serve("--max-num-streams", "4", "--max-queue", "8")
+    solo, _ = await good_stream(server.url("tcp"), sentence)
+    before = server.rss_mb()
+    fuzzed = 0
+    good_runs = []
+
+    async def worker(seed: int) -> None:
+        nonlocal fuzzed
+        fuzzer = Fuzzer(seed, sentence)
+        while trio.current_time() < deadline:
+            await fuzz_one(fuzzer, server)
+            fuzzed += 1
+
+    async def good() -> None:
+        while trio.current_time() < deadline:
+            good_runs.append((await good_stream(server.url("tcp"), sentence))[0])
+
+    deadline = trio.current_time() + FUZZ_SECONDS
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(good)
+        for seed in range(FUZZ_WORKERS):
+            nursery.start_soon(worker, seed)
+    after = server.rss_mb()
+    print(f"fuzz: {fuzzed} connections, {len(good_runs)} good runs, RSS {before:.0f} -> {after:.0f} MB")
+    assert good_runs and all(tokens == solo for tokens in good_runs)
+    assert after - before <= 64
+    health = await wait_for(lambda: _idle_health(server), timeout=10)
+    assert health["status"] == "ok"
+    assert_clean_log(server.log())
+
+
+async def _idle_health(server: Server) -> dict | None:
+    health = await server.health()
+    return health if health["active"] == health["queued"] == 0 else None
+
+
+# -- 6. start-up check -------------------------------------------------------------------------
+
+
+def test_serve_refuses_a_queue_that_cannot_fit_in_memory(tiny_model_dir):
+    """(slots + queue places) x the per-connection bound must fit in the available memory."""
+    config = ServerConfig()
+    assert connection_bytes(config) == 30 * 16000 * 4 + 5 * (1 << 20) + 256 * 1024
+    assert memory_problem(config, 320, available=4 << 30) is None
+    assert "lower --max-queue" in memory_problem(config, 320, available=1 << 30)
+    cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", str(tiny_model_dir)]
+    cmd += ["--port", "0", "--ws-port", "0", "--http-port", "0", "--max-queue", "100000000"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "refusing to start" in done.stderr and "Traceback" not in done.stderr
