@@ -41,7 +41,8 @@ class NativeSession(Session):
     async def on_open(self) -> None:
         self.declared = messages.parse_config(self._query, from_url=True)
         if self._key_pending:
-            self._full_line, self.channel.max_line = self.channel.max_line, min(self.channel.max_line, PRE_AUTH_MAX_LINE)
+            self._full_line = self.channel.max_line
+            self.channel.max_line = min(self._full_line, PRE_AUTH_MAX_LINE)
             self._nursery.start_soon(self._auth_deadline)
         else:
             self._open()
