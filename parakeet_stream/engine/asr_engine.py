@@ -38,12 +38,12 @@ class QueueFull(EngineError):
 def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dtype, cap: int = 4096) -> int:
     """Slots that fit in half the free memory of the device (CPU: available RAM), at most `cap`."""
     enc = model.cfg.encoder
-    c = max(left for left, _ in enc.att_context_sizes)
-    per_slot = enc.n_layers * enc.d_model * (2 * c + enc.conv_kernel_size - 1) * torch.finfo(dtype).bits // 8
+    frames = max(left for left, _ in enc.att_context_sizes) + max(right + 1 for _, right in enc.att_context_sizes)
+    per_slot = enc.n_layers * enc.d_model * (2 * frames + enc.conv_kernel_size - 1) * torch.finfo(dtype).bits // 8
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
     else:
-        free = _available_ram()
+        free = available_ram() or 1 << 30
     return max(1, min(cap, int(free * 0.5) // max(per_slot, 1)))
 
 
@@ -79,14 +79,15 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
-def _available_ram() -> int:
+def available_ram() -> int | None:
+    """MemAvailable of this machine in bytes, or None where /proc/meminfo cannot tell."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 1 << 30
+    return None
 
 
 class ASREngine:

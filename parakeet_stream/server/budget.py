@@ -8,10 +8,10 @@ message it is reading or parsing (framing buffers and the decoded samples, each 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import trio
 
+from ..engine.asr_engine import available_ram
 from .config import ServerConfig
 
 MODEL_RATE = 16000
@@ -43,7 +43,8 @@ def connection_bytes(config: ServerConfig) -> int:
 
 def memory_problem(config: ServerConfig, streams: int, available: int | None = None) -> str | None:
     """Why `streams` connections (slots + queue places) at their bound do not fit, or None."""
-    available = available_memory() if available is None else available
+    if available is None:
+        available = available_ram() or 1 << 62  # unknown: do not refuse
     need = streams * connection_bytes(config)
     if need <= available:
         return None
@@ -52,16 +53,6 @@ def memory_problem(config: ServerConfig, streams: int, available: int | None = N
         f"= {need / 2**30:.1f} GiB, but only {available / 2**30:.1f} GiB of memory is available; "
         "lower --max-queue, --max-num-streams, --max-backlog-seconds or --max-message-bytes"
     )
-
-
-def available_memory() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62  # unknown: do not refuse
 
 
 class TokenBucket:
