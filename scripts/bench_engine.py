@@ -25,6 +25,7 @@ import numpy as np
 from parakeet_stream.audio import read_audio
 from parakeet_stream.engine import ASREngine, single_threaded_host
 from parakeet_stream.model import ParakeetModel
+from parakeet_stream.precision import set_precision
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,24 +120,25 @@ def main() -> None:
     lookahead = tuple(int(v) for v in args.lookahead.split(",")) if args.lookahead else None
     slots = max(args.streams)
 
-    def engine(mode: str, **kw) -> ASREngine:
-        model = ParakeetModel.from_dir(args.model, args.device)  # each mode casts its own copy
+    def model(mode: str) -> ParakeetModel:
         dtype, quantize = ("float32", "int8") if mode == "int8" else (mode, None)
-        return ASREngine(model, args.device, max_num_streams=slots, lookahead=lookahead, dtype=dtype,
-                         quantize=quantize, **kw).start()
+        return set_precision(ParakeetModel.from_dir(args.model, args.device), dtype, quantize)  # a copy per mode
 
-    engines = {mode: engine(mode) for mode in args.modes} | {"baseline": engine("float32", max_batch=1)}
-    chunk_ms = engines["baseline"].chunk_seconds() * 1000
-    budget = args.budget_ms or 2 * chunk_ms
-    results: dict[str, list] = {name: [] for name in engines}
+    models = {mode: model(mode) for mode in args.modes} | {"baseline": model("float32")}
+    options = {name: {"max_batch": 1} if name == "baseline" else {} for name in models}
+    results: dict[str, list] = {name: [] for name in models}
     for n in args.streams:
-        for name, engine in engines.items():
-            level = run_level(engine, n, args.seconds, lookahead)
+        for name, m in models.items():
+            # one engine at a time: two engines' encode threads would each own an OpenMP team,
+            # which slows both (see single_threaded_host)
+            with ASREngine(m, args.device, max_num_streams=slots, lookahead=lookahead, dtype=m.encoder_dtype,
+                           **options[name]) as engine:
+                chunk_ms = engine.chunk_seconds() * 1000
+                level = run_level(engine, n, args.seconds, lookahead)
             results[name].append(level)
             print(f"{name:8s} N={n:3d} p50={level['p50_ms']:7.1f} ms p95={level['p95_ms']:7.1f} ms "
                   f"final p95={level['time_to_final_p95_ms'] or 0:7.1f} ms", flush=True)
-    for e in engines.values():
-        e.shutdown()
+    budget = args.budget_ms or 2 * chunk_ms
     capacity = {name: max([lv["streams"] for lv in lv_list if keeps_up(lv, budget, chunk_ms)], default=0)
                 for name, lv_list in results.items()}
     summary = {"model": args.model, "device": args.device, "budget_ms": budget, "chunk_ms": chunk_ms,
