@@ -94,13 +94,12 @@ def handshake_error(exc: ProtocolError) -> dict:
     return {"err_code": "INVALID_QUERY_PARAMETER", "err_msg": exc.message, "request_id": str(uuid.uuid4())}
 
 
-def credentials(headers: dict[str, str]) -> tuple[str | None, str | None]:
+def credentials(headers: dict[str, str], offered: list[str]) -> tuple[str | None, str | None]:
     """(key, subprotocol to answer with): `Authorization: Token KEY`, or the browser form
-    `Sec-WebSocket-Protocol: token, KEY`."""
+    `Sec-WebSocket-Protocol: token, KEY` (`offered`: the subprotocols the client proposed)."""
     scheme, _, token = headers.get("authorization", "").partition(" ")
     if scheme.lower() in ("token", "bearer") and token.strip():
         return token.strip(), None
-    offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",")]
     if len(offered) == 2 and offered[0].lower() == "token":
         return offered[1], offered[0]
     return None, None

@@ -91,7 +91,7 @@ async def handle_request(ctx: ServerContext, request: WebSocketRequest) -> None:
 
 async def _deepgram(ctx: ServerContext, request: WebSocketRequest, headers: dict[str, str], query: dict) -> None:
     """Deepgram's handshake: its key forms, and its error body for unsupported parameters."""
-    key, subprotocol = deepgram.credentials(headers)
+    key, subprotocol = deepgram.credentials(headers, list(request.proposed_subprotocols))
     refusal = _refusal(ctx, headers, {"api_key": key or query.get("api_key")})
     if refusal is not None:
         await _reject(ctx, request, *refusal)
