@@ -211,9 +211,17 @@ async def test_vad_and_utterance_end_events(engine, wavs):
         )
         messages = await in_thread(worker)
     kinds = [m["type"] for m in messages]
-    assert kinds[-1] == "Metadata" and "SpeechStarted" in kinds
-    first_final = next(m for m in messages if m["type"] == "Results")
-    assert kinds.index("SpeechStarted") < messages.index(first_final)
+    assert kinds[-1] == "Metadata"
+    results = [i for i, kind in enumerate(kinds) if kind == "Results"]
+    assert len(results) >= 2  # the pause ends an utterance: several speech_final segments
+    previous_end = 0.0
+    for i in results:  # SpeechStarted before each segment, UtteranceEnd after it
+        result, started, ended = messages[i], messages[i - 1], messages[i + 1]
+        words = result["channel"]["alternatives"][0]["words"]
+        assert result["is_final"] and result["speech_final"] and words
+        assert started["type"] == "SpeechStarted" and previous_end <= started["timestamp"] == words[0]["start"]
+        assert ended["type"] == "UtteranceEnd" and ended["last_word_end"] == words[-1]["end"]
+        previous_end = words[-1]["end"]
 
 
 async def test_wrong_key_is_an_auth_error(engine, sentence):
