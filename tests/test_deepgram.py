@@ -314,3 +314,45 @@ async def test_telephony_audio_gives_the_tokens_of_its_pcm16(engine, sentence, e
     assert transcript(telephony) == transcript(reference)
     words = lambda ms: [w for m in finals(ms) for w in m["channel"]["alternatives"][0]["words"]]  # noqa: E731
     assert words(telephony) == words(reference)
+
+
+async def test_unknown_messages_get_a_deepgram_error_and_the_stream_goes_on(engine, sentence):
+    pcm = encode_audio(sentence, "pcm16")
+
+    def script(socket) -> None:
+        socket._send({"type": "Configure", "features": {}})  # a message we do not support
+        socket._send("not json")
+        for piece in chunks(pcm, 16000, 2):
+            socket.send_media(piece)
+        socket.send_close_stream()
+
+    async with running_server(engine) as ctx:
+        text, _ = await native_text(ctx, sentence)
+        messages = await in_thread(run_sdk(ctx, script, encoding="linear16", sample_rate=16000))
+    errors = [m for m in messages if m["type"] == "Error"]
+    assert [e["variant"] for e in errors] == ["unknown_type", "invalid_json"]
+    assert all(e["description"] for e in errors)
+    assert transcript(messages) == " ".join(text.split()) and messages[-1]["type"] == "Metadata"
+
+
+@pytest.mark.parametrize("encoding,table", [("mulaw", MULAW), ("alaw", ALAW)])
+async def test_native_protocol_takes_telephony_audio(engine, sentence, encoding, table):
+    """G.711 is not Deepgram's alone: the native protocol declares it like any encoding."""
+    from test_server_support import Raw
+
+    phone = soxr.resample(sentence, 16000, 8000).astype(np.float32)
+    coded = g711_table_encode(phone, table)
+    decoded = table[np.frombuffer(coded, np.uint8)]
+    linear = encode_audio(decoded, "pcm16")  # the same samples as PCM16 (G.711 values are exact in it)
+
+    async def tokens(address: str, data: bytes, step: int) -> list[int]:
+        async with Raw.open(address) as conn:
+            for i in range(0, len(data), step):
+                await conn.send(data[i : i + step])
+            await conn.send({"type": "close"})
+            return result_tokens([m for m in await conn.until("result", is_final=True) if m["type"] == "result"])
+
+    async with running_server(engine) as ctx:
+        reference = await tokens(url(ctx, "ws", "/?encoding=pcm16&sample_rate=8000"), linear, 1600)
+        telephony = await tokens(url(ctx, "ws", f"/?encoding={encoding}&sample_rate=8000"), coded, 800)
+    assert reference and telephony == reference
