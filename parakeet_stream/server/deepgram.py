@@ -33,7 +33,6 @@ BOOLEANS = ("interim_results", "vad_events")
 # accepted and ignored: they change nothing in what our model produces
 IGNORED = {"model", "version", "language", "tag", "mip_opt_out", "punctuate", "smart_format", "numerals"}
 KNOWN = {"encoding", "sample_rate", "channels", "endpointing", "utterance_end_ms", *BOOLEANS, *IGNORED}
-MIN_WORD_SECONDS = 0.04  # a word's end is at least this far after its start (within the audio)
 
 
 @dataclass
@@ -124,6 +123,7 @@ class DeepgramSession(Session):
         self.request_id = str(uuid.uuid4())
         self.created = datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
         self._tokenizer = ctx.engine.model.tokenizer
+        self._frame_seconds = ctx.engine.model.frame_seconds  # one encoder frame: a token's span
         self._offset = 0.0  # connection seconds where the current engine stream starts
         self._received_seconds = 0.0
         self._stream_seconds = 0.0  # audio in the current engine stream (its padding not counted)
@@ -192,7 +192,7 @@ class DeepgramSession(Session):
         if real and not segment.token_ids:
             segment.start = self._offset + real[0][1]
             if self.options.vad_events:
-                await self.send({"type": "SpeechStarted", "channel": [0, 1], "timestamp": segment.start})
+                await self.send({"type": "SpeechStarted", "channel": [0, 1], "timestamp": round(segment.start, 3)})
         for token, seconds in real:
             segment.token_ids.append(token)
             segment.token_times.append(self._offset + seconds)
@@ -240,19 +240,20 @@ class DeepgramSession(Session):
         }
 
     def _words(self, now: float) -> list[dict]:
-        """Words from the segment's tokens: a piece that starts with '▁' starts a word; a word
-        runs from its first token's time to the next word's start (the last to `now`)."""
-        groups: list[tuple[list[int], float]] = []
+        """Words from the segment's tokens: a piece that starts with '▁' starts a word. A word
+        runs from its first token's frame to the end of its last token's frame, cut at the next
+        word's start and at `now` (the audio processed so far)."""
+        groups: list[list[tuple[int, float]]] = []
         for token, seconds in zip(self._segment.token_ids, self._segment.token_times):
             if not groups or self._tokenizer.piece(token).startswith("\u2581"):
-                groups.append(([token], seconds))
-            else:
-                groups[-1][0].append(token)
+                groups.append([])
+            groups[-1].append((token, seconds))
         words = []
-        for i, (tokens, start) in enumerate(groups):
-            limit = groups[i + 1][1] if i + 1 < len(groups) else max(now, start)
-            end = min(max(limit, start), start + max(MIN_WORD_SECONDS, limit - start))
-            word = self._tokenizer.decode(tokens).strip()
+        for i, group in enumerate(groups):
+            start = min(group[0][1], now)
+            limit = groups[i + 1][0][1] if i + 1 < len(groups) else now
+            end = max(start, min(group[-1][1] + self._frame_seconds, limit, now))
+            word = self._tokenizer.decode([token for token, _ in group]).strip()
             if word:
                 words.append({"word": word, "start": round(start, 3), "end": round(end, 3), "confidence": 1.0})
         return words
