@@ -234,7 +234,7 @@ class DeepgramSession(Session):
             "channel": {"alternatives": [alternative]},
             "metadata": {
                 "request_id": self.request_id,
-                "model_info": {"name": self.config.model_name, "version": "parakeet-stream", "arch": "parakeet"},
+                "model_info": self._model_info(),
                 "model_uuid": self._model_uuid(),
             },
         }
@@ -274,6 +274,9 @@ class DeepgramSession(Session):
         if self.pending_end or (self._closing and not self._finalize()):
             self.end(self.pending_end or "completed", self.closed_message("completed"))
 
+    def _model_info(self) -> dict:
+        return {"name": self.config.model_name, "version": "parakeet-stream", "arch": "parakeet"}
+
     def _model_uuid(self) -> str:
         return str(uuid.UUID(hashlib.md5(self.config.model_name.encode()).hexdigest()))
 
@@ -283,6 +286,7 @@ class DeepgramSession(Session):
     def closed_message(self, reason: str) -> dict | None:
         """Deepgram's last message before the close: Metadata about the whole request."""
         duration = round(self._received_seconds, 3)
+        model = self._model_uuid()
         return {
             "type": "Metadata",
             "transaction_key": "deprecated",
@@ -291,6 +295,6 @@ class DeepgramSession(Session):
             "created": self.created,
             "duration": duration,
             "channels": 1,
-            "models": [self._model_uuid()],
-            "model_info": {self._model_uuid(): {"name": self.config.model_name, "version": "parakeet-stream", "arch": "parakeet"}},
+            "models": [model],
+            "model_info": {model: self._model_info()},
         }

@@ -27,7 +27,8 @@ def _alaw_table() -> np.ndarray:
     """G.711 A-law: the 256 codes as PCM16 values (even bits are stored inverted)."""
     code = np.arange(256, dtype=np.int32) ^ 0x55
     exponent, mantissa = (code >> 4) & 7, code & 0x0F
-    magnitude = np.where(exponent == 0, (mantissa << 4) + 8, ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0))
+    shifted = ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0)
+    magnitude = np.where(exponent == 0, (mantissa << 4) + 8, shifted)
     return np.where(code & 0x80, magnitude, -magnitude).astype(np.float32) / 32768.0
 
 
