@@ -356,3 +356,37 @@ async def test_native_protocol_takes_telephony_audio(engine, sentence, encoding,
         reference = await tokens(url(ctx, "ws", "/?encoding=pcm16&sample_rate=8000"), linear, 1600)
         telephony = await tokens(url(ctx, "ws", f"/?encoding={encoding}&sample_rate=8000"), coded, 800)
     assert reference and telephony == reference
+
+
+async def test_queued_client_gets_only_deepgram_messages(engine, sentence):
+    """While every slot is busy the native `queued` message is not sent on /v1/listen."""
+    from contextlib import AsyncExitStack
+
+    from test_server_support import Raw
+
+    pcm = encode_audio(sentence, "pcm16")
+    box: dict = {}
+    release = trio.Event()
+
+    async def hold_every_slot(ctx, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with AsyncExitStack() as holders:
+            for _ in range(engine.stats()["max_num_streams"]):
+                conn = await holders.enter_async_context(Raw.open(url(ctx, "ws")))
+                await conn.until("hello")
+            task_status.started()
+            await release.wait()
+
+    async def deepgram_client(ctx) -> None:
+        worker = run_sdk(ctx, send_all_then_close(pcm, 16000, 2), encoding="linear16", sample_rate=16000)
+        box["messages"] = await in_thread(worker)
+
+    async with running_server(engine) as ctx:
+        text, _ = await native_text(ctx, sentence)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(hold_every_slot, ctx)
+            nursery.start_soon(deepgram_client, ctx)
+            await trio.sleep(0.5)
+            assert "messages" not in box  # still waiting for a slot
+            release.set()  # the slots free up
+    assert [m["type"] for m in box["messages"]][-1] == "Metadata"  # every message was an SDK type
+    assert transcript(box["messages"]) == " ".join(text.split())

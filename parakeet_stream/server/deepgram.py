@@ -280,6 +280,9 @@ class DeepgramSession(Session):
     def _model_uuid(self) -> str:
         return str(uuid.UUID(hashlib.md5(self.config.model_name.encode()).hexdigest()))
 
+    def queued_message(self, position: int, estimated_wait_s: float | None) -> dict | None:
+        return None  # Deepgram has no such message: a queued client simply waits for results
+
     def error_message(self, code: str, message: str) -> dict:
         return {"type": "Error", "variant": code, "description": message}
 
