@@ -13,7 +13,38 @@ import numpy as np
 from .. import audio
 from .codes import ProtocolError
 
-DECODERS = {"pcm16": (2, audio.decode_pcm16), "f32": (4, audio.decode_f32)}
+
+
+def _mulaw_table() -> np.ndarray:
+    """G.711 mu-law: the 256 codes as PCM16 values (codes are stored bit-inverted)."""
+    code = ~np.arange(256, dtype=np.int32) & 0xFF
+    exponent, mantissa = (code >> 4) & 7, code & 0x0F
+    magnitude = (((mantissa << 3) + 0x84) << exponent) - 0x84
+    return np.where(code & 0x80, -magnitude, magnitude).astype(np.float32) / 32768.0
+
+
+def _alaw_table() -> np.ndarray:
+    """G.711 A-law: the 256 codes as PCM16 values (even bits are stored inverted)."""
+    code = np.arange(256, dtype=np.int32) ^ 0x55
+    exponent, mantissa = (code >> 4) & 7, code & 0x0F
+    shifted = ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0)
+    magnitude = np.where(exponent == 0, (mantissa << 4) + 8, shifted)
+    return np.where(code & 0x80, magnitude, -magnitude).astype(np.float32) / 32768.0
+
+
+MULAW, ALAW = _mulaw_table(), _alaw_table()
+
+
+def _table_decoder(table: np.ndarray):
+    return lambda data: table[np.frombuffer(data, np.uint8)]
+
+
+DECODERS = {
+    "pcm16": (2, audio.decode_pcm16),
+    "f32": (4, audio.decode_f32),
+    "mulaw": (1, _table_decoder(MULAW)),  # G.711, telephony (usually 8 kHz)
+    "alaw": (1, _table_decoder(ALAW)),
+}
 ENCODINGS = tuple(DECODERS)
 
 

@@ -77,6 +77,10 @@ class Session:
     def closed_message(self, reason: str) -> dict | None:
         return messages.closed(reason)
 
+    def queued_message(self, position: int, estimated_wait_s: float | None) -> dict | None:
+        """While waiting for a slot (None: the protocol has no such message)."""
+        return messages.queued(position, estimated_wait_s)
+
     # -- lifecycle --------------------------------------------------------------------
     async def run(self) -> None:
         self.ctx.open_sessions += 1
@@ -257,7 +261,9 @@ class Session:
             if position != self._last_position:
                 self._last_position = position
                 slots = self.ctx.engine.stats()["max_num_streams"]
-                await self.send(messages.queued(position, self.ctx.estimator.estimate(position, slots)))
+                message = self.queued_message(position, self.ctx.estimator.estimate(position, slots))
+                if message is not None:
+                    await self.send(message)
             return False
         stream.admitted_at = trio.current_time()
         stream.flush(force=True)  # audio received while queued

@@ -10,7 +10,7 @@ from trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection, W
 from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection
 
-from . import jsonio, messages
+from . import deepgram, jsonio, messages
 from .auth import bearer_token, key_ok, origin_ok
 from .channel import ChannelClosed, SlowConsumer
 from .codes import ProtocolError
@@ -76,6 +76,9 @@ async def handle_request(ctx: ServerContext, request: WebSocketRequest) -> None:
         target = urlsplit(request.path)
         query = dict(parse_qsl(target.query))
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
+        if target.path.rstrip("/") == deepgram.PATH:
+            await _deepgram(ctx, request, headers, query)
+            return
         refusal = _refusal(ctx, headers, query)
     if refusal is not None:
         await _reject(ctx, request, *refusal)
@@ -84,6 +87,22 @@ async def handle_request(ctx: ServerContext, request: WebSocketRequest) -> None:
     channel = WsChannel(ws, ctx.config.send_timeout)
     session = RealtimeSession if target.path.rstrip("/") == REALTIME_PATH else NativeSession
     await session(ctx, channel, query).run()
+
+
+async def _deepgram(ctx: ServerContext, request: WebSocketRequest, headers: dict[str, str], query: dict) -> None:
+    """Deepgram's handshake: its key forms, and its error body for unsupported parameters."""
+    key, subprotocol = deepgram.credentials(headers, list(request.proposed_subprotocols))
+    refusal = _refusal(ctx, headers, {"api_key": key or query.get("api_key")})
+    if refusal is not None:
+        await _reject(ctx, request, *refusal)
+        return
+    try:
+        options = deepgram.parse_options(query)
+    except ProtocolError as exc:
+        await _reject(ctx, request, 400, exc.code, exc.message, deepgram.handshake_error(exc))
+        return
+    ws = await request.accept(subprotocol=subprotocol)
+    await deepgram.DeepgramSession(ctx, WsChannel(ws, ctx.config.send_timeout), options).run()
 
 
 def _malformed(request: WebSocketRequest) -> tuple[int, str, str] | None:
@@ -97,9 +116,11 @@ def _malformed(request: WebSocketRequest) -> tuple[int, str, str] | None:
     return None
 
 
-async def _reject(ctx: ServerContext, request: WebSocketRequest, status: int, code: str, message: str) -> None:
+async def _reject(
+    ctx: ServerContext, request: WebSocketRequest, status: int, code: str, message: str, body: dict | None = None
+) -> None:
     ctx.metrics.error(code)
-    await request.reject(status, body=jsonio.dumps(messages.error(code, message)))
+    await request.reject(status, body=jsonio.dumps(body or messages.error(code, message)))
     # trio_websocket keeps a rejected connection open until the client closes it, so that
     # one client could hold any number of them: close it (through its private API, if there)
     close = getattr(getattr(request, "_connection", None), "_close_stream", None)
