@@ -195,10 +195,11 @@ class ASREngine:
             raise EngineError("stream_closed", "audio after the end of the stream")
         samples = check_samples(np.asarray(samples, dtype=np.float32))
         if samples.size:
-            seq.add_samples(samples)
+            completed = seq.add_samples(samples)
             with self._lock:
                 self._audio_seconds += samples.size / self.sample_rate
-            self.scheduler.audio_arrived()
+            if completed:  # a push that completes no chunk changes no scheduling decision
+                self.scheduler.chunk_completed()
 
     def finalize(self, sid: int) -> None:
         self.scheduler.finish(self._seq(sid))
@@ -208,10 +209,6 @@ class ASREngine:
             seq = self._seqs.pop(sid, None)
         if seq is not None:
             self._notify_all(self.scheduler.cancel(seq))
-
-    def buffered_bytes(self, sid: int) -> int:
-        """Memory the engine holds for the stream's audio not yet transcribed."""
-        return self._seq(sid).buffered_bytes()
 
     def collect(self, sid: int) -> list[StreamResult]:
         with self._lock:

@@ -93,7 +93,7 @@ class Scheduler:
         with self._cv:
             return self.waiting.index(seq) + 1 if seq.status is Status.WAITING and seq in self.waiting else 0
 
-    def audio_arrived(self) -> None:
+    def chunk_completed(self) -> None:
         with self._cv:
             self._cv.notify_all()
 

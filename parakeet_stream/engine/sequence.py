@@ -42,10 +42,6 @@ class SampleBuffer:
     def __len__(self) -> int:
         return self._len
 
-    @property
-    def nbytes(self) -> int:
-        return self._buf.nbytes
-
     def append(self, samples: np.ndarray) -> None:
         need = self._len + samples.size
         if need > self._buf.size:
@@ -100,15 +96,18 @@ class Sequence:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # --- audio (client threads) -----------------------------------------------------
-    def add_samples(self, samples: np.ndarray) -> None:
+    def add_samples(self, samples: np.ndarray) -> bool:
+        """Append samples; True when they completed a chunk (only then is there news for the Scheduler)."""
         now = time.monotonic()
         with self.lock:
             self.samples.append(samples)
             self.samples_in += samples.size
             self.last_arrival = now
+            before = self.chunks_complete
             while self.samples_in >= self.samples_for(self.chunks_complete):
                 self.ready_times.append(now)
                 self.chunks_complete += 1
+            return self.chunks_complete > before
 
     def samples_for(self, chunk: int) -> int:
         """Samples a stream needs before its chunk `chunk` (0-based) is complete (lookahead included)."""
@@ -123,10 +122,6 @@ class Sequence:
         """Arrival times of the next `n` complete chunks (the Scheduler schedules them)."""
         with self.lock:
             return [self.ready_times.popleft() for _ in range(min(n, len(self.ready_times)))]
-
-    def buffered_bytes(self) -> int:
-        with self.lock:
-            return self.samples.nbytes + 16 * len(self.ready_times)
 
     # --- results ----------------------------------------------------------------------
     def publish(self, result: StreamResult) -> None:
