@@ -17,27 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import soundfile as sf
-import soxr
 
 ROOT = Path(__file__).resolve().parent.parent
-SENTENCE = "at the end of the day he went home"
-RATE = 48000
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_web_page import speech_wav  # noqa: E402  (the page tests' own espeak-ng sentence)
+
 TIMEOUT_MS = 60_000
-
-
-def speech_wav(path: Path) -> float:
-    """The sentence by espeak-ng with silence around it, 48 kHz PCM16; returns its duration."""
-    raw = path.with_suffix(".espeak.wav")
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(raw), SENTENCE], check=True)
-    voice, rate = sf.read(raw, dtype="float32")
-    voice = soxr.resample(voice, rate, RATE).astype(np.float32)
-    voice *= 0.5 / max(1e-6, float(np.abs(voice).max()))
-    pad = np.zeros(RATE // 2, np.float32)
-    audio = np.concatenate([pad, voice, pad, pad])
-    sf.write(path, audio, RATE, subtype="PCM_16")
-    return len(audio) / RATE
 
 
 def main() -> int:
@@ -50,7 +37,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="parakeet-screenshot-") as tmp:
         wav = Path(tmp) / "speech.wav"
-        seconds = speech_wav(wav)
+        seconds = sf.info(str(speech_wav(wav))).duration
         server = subprocess.Popen(
             [sys.executable, "-m", "parakeet_stream.server.cli", "--model", "demo", "--port", "0", "--ws-port", "0",
              "--http-port", "0", "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
