@@ -1,6 +1,6 @@
 """Model-level speed: RTFx of streaming transcription (files batched) and encoder stream-step time.
 
-    python scripts/bench_model.py --model weights/random-small --seconds 60
+    python scripts/bench_model.py --model weights/random-small --seconds 60 [--dtype float16 | --quantize int8]
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import torch
 
 from bench_engine import speech
 from parakeet_stream.conformer import EncoderCache
-from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine import ASREngine, add_engine_arguments, single_threaded_host
+from parakeet_stream.engine.asr_engine import default_threads
 from parakeet_stream.model import ParakeetModel
+from parakeet_stream.precision import set_precision
 from parakeet_stream.transcribe import transcribe_streaming
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def rtfx(model: ParakeetModel, batch: int, seconds: float) -> float:
     audios = {f"file{i}": speech(seconds, i) for i in range(batch)}
-    with ASREngine(model, max_num_streams=batch) as engine:
+    with ASREngine(model, max_num_streams=batch, dtype=model.encoder_dtype) as engine:
         t0 = time.perf_counter()
         transcribe_streaming(engine, audios)
         wall = time.perf_counter() - t0
@@ -35,10 +37,10 @@ def rtfx(model: ParakeetModel, batch: int, seconds: float) -> float:
 def step_ms(model: ParakeetModel, batch: int, repeats: int = 20) -> dict:
     lookahead = model.cfg.default_lookahead
     spec = model.encoder.chunk_spec(lookahead)
-    feats = torch.randn(batch, spec.window, model.cfg.features.n_mels)
+    feats = torch.randn(batch, spec.window, model.cfg.features.n_mels).to(model.encoder_dtype)
     lengths = torch.full((batch,), spec.window)
     start = torch.zeros(batch, dtype=torch.long)
-    cache = EncoderCache.zeros(model.cfg.encoder, batch)
+    cache = EncoderCache.zeros(model.cfg.encoder, batch, dtype=model.encoder_dtype)
     cache.length.fill_(lookahead[0])
     slots = torch.arange(batch)
     times = {"pre_encode": [], "layers": []}
@@ -59,13 +61,18 @@ def main() -> None:
     ap.add_argument("--model", default="weights/random-small")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_model.json")
+    add_engine_arguments(ap)
     args = ap.parse_args()
-    model = ParakeetModel.from_dir(args.model)
-    out = {"model": args.model, "threads": torch.get_num_threads(), "rtfx": {}, "encoder_step_ms": {}}
+    single_threaded_host()  # the step is timed here in the main thread, as one OpenMP team
+    model = set_precision(ParakeetModel.from_dir(args.model), args.dtype, args.quantize)
+    threads = args.threads or default_threads()
+    out = {"model": args.model, "dtype": args.dtype, "quantize": args.quantize, "threads": threads,
+           "rtfx": {}, "encoder_step_ms": {}}
     for b in (1, 8):
         out["rtfx"][b] = rtfx(model, b, args.seconds)
         print(f"RTFx batch {b}: {out['rtfx'][b]:.1f}", flush=True)
-    for b in (1, 8, 32):
+    torch.set_num_threads(threads)
+    for b in (1, 4, 8, 16, 32):
         out["encoder_step_ms"][b] = step_ms(model, b)
         print(f"encoder step batch {b}: {out['encoder_step_ms'][b]}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
