@@ -23,11 +23,13 @@ class Window:
     length: int
 
 
-def add_features(features: LogMelFeatures, seqs: list[Sequence], ending: list[bool]) -> None:
-    """Frame every stream's new samples and compute all their log-mel frames in one batch."""
+def add_features(features: LogMelFeatures, seqs: list[Sequence], ending: list[bool],
+                 upto: list[int | None] | None = None) -> None:
+    """Frame every stream's new samples (up to its `upto`-th sample; all when None) and compute
+    all their log-mel frames in one batch."""
     raw = []
-    for seq, end in zip(seqs, ending):
-        frames = seq.frames.push(seq.take_samples())
+    for seq, end, limit in zip(seqs, ending, upto or [None] * len(seqs)):
+        frames = seq.frames.push(seq.take_samples(limit))
         raw.append(torch.cat((frames, seq.frames.flush())) if end else frames)
     sizes = [r.size(0) for r in raw]
     fb = features.fb

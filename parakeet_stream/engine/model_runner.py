@@ -106,7 +106,8 @@ class ModelRunner:
     # --- stages ----------------------------------------------------------------------------
     def pre_encode(self, step: Step) -> None:
         live = [item for item in step if item.live]
-        chunker.add_features(self.model.features, [i.seq for i in live], [i.last for i in live])
+        chunker.add_features(self.model.features, [i.seq for i in live], [i.last for i in live],
+                             [i.samples_upto for i in live])
         windows = [(item, w) for item in live for w in chunker.cut(item.seq, item.chunks, item.last)]
         dtype = self.model.encoder_dtype
         for mode, group in _by_mode(windows, lambda p: p[0].seq.lookahead).items():

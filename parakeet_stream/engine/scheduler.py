@@ -36,6 +36,7 @@ class StepItem:
     last: bool  # the stream's final step
     first: bool  # the stream's first chunk is in it: its cache slot starts from zero
     ready_times: list[float]  # arrival of the last sample each complete chunk needed
+    samples_upto: int | None  # samples of the stream its chunks need (None: all, at its end)
     pre: list[tuple[torch.Tensor, int]] = field(default_factory=list)  # pre-encoded chunks (x, valid)
     encoded: list[torch.Tensor] = field(default_factory=list)
 
@@ -199,9 +200,12 @@ class Scheduler:
             times = seq.take_ready(self.max_chunks_per_step)
             first = seq.chunks_scheduled == 0
             seq.chunks_scheduled += len(times)
+            # a backlog is framed only as far as this step's chunks need: features of all of it at once would
+            # cost memory and time for chunks later steps take
+            upto = None if last else seq.samples_for(seq.chunks_scheduled - 1)
             seq.end_scheduled = last
             seq.in_flight += 1
-            items.append(StepItem(seq, seq.slot, len(times), last, first, times))
+            items.append(StepItem(seq, seq.slot, len(times), last, first, times, upto))
         self._steps_in_flight += 1
         return Step(items, now)
 

@@ -51,11 +51,16 @@ class SampleBuffer:
         self._buf[self._len : need] = samples
         self._len = need
 
-    def take(self) -> np.ndarray:
-        out = self._buf[: self._len].copy()
-        self._len = 0
-        if self._buf.size > 1 << 16:  # give back what a backlog grew
+    def take(self, n: int | None = None) -> np.ndarray:
+        """The oldest `n` samples (all when None); the rest move to the front."""
+        n = self._len if n is None else min(n, self._len)
+        out = self._buf[:n].copy()
+        rest = self._len - n
+        if rest == 0 and self._buf.size > 1 << 16:  # give back what a backlog grew
             self._buf = np.empty(4096, np.float32)
+        else:
+            self._buf[:rest] = self._buf[n : self._len]
+        self._len = rest
         return out
 
 
@@ -114,9 +119,11 @@ class Sequence:
         frames = self.spec.first_frames + chunk * self.spec.chunk_frames
         return (frames - 1) * self.hop + self.n_fft // 2
 
-    def take_samples(self) -> torch.Tensor:
+    def take_samples(self, upto: int | None = None) -> torch.Tensor:
+        """Samples not taken yet, up to the `upto`-th of the stream (all when None)."""
         with self.lock:
-            return torch.from_numpy(self.samples.take())
+            taken = self.samples_in - len(self.samples)
+            return torch.from_numpy(self.samples.take(None if upto is None else max(0, upto - taken)))
 
     def take_ready(self, n: int) -> list[float]:
         """Arrival times of the next `n` complete chunks (the Scheduler schedules them)."""
