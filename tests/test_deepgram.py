@@ -10,9 +10,6 @@ import numpy as np
 import pytest
 import soxr
 import trio
-
-from parakeet_stream.client import encode_audio
-from parakeet_stream.server.pcm import ALAW, MULAW
 from test_server_support import (  # noqa: F401 - fixtures are used by name
     engine,
     result_tokens,
@@ -21,6 +18,9 @@ from test_server_support import (  # noqa: F401 - fixtures are used by name
     transcribe_raw,
     url,
 )
+
+from parakeet_stream.client import encode_audio
+from parakeet_stream.server.wire import ALAW, MULAW
 
 deepgram = pytest.importorskip("deepgram")
 from deepgram import AsyncDeepgramClient, DeepgramClient  # noqa: E402

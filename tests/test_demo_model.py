@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from helpers import run_stream, tokens_of
+
 from parakeet_stream.training.data import edit_distance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,10 +185,17 @@ def test_streaming_equals_offline_forward(engine, transcripts):
 async def test_server_transports_give_parakeet_transcribe_text(engine, sentences, kind, tmp_path):
     """The same audio through the server (TCP, WebSocket, /v1/realtime) gives parakeet-transcribe's text."""
     import soundfile as sf
+    from test_server_support import (
+        Raw,
+        pcm16_b64,
+        pcm16_exact,
+        running_server,
+        transcribe_raw,
+        url,
+    )
 
     from parakeet_stream.audio import read_audio
     from parakeet_stream.transcribe import transcribe_streaming
-    from test_server_support import Raw, pcm16_b64, pcm16_exact, running_server, transcribe_raw, url
 
     audio = pcm16_exact(synth(sentences["seen_voices"][0], seed=0))
     wav = tmp_path / "s.wav"

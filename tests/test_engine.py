@@ -8,8 +8,8 @@ import threading
 
 import numpy as np
 import pytest
-
 from helpers import collect_until_final, run_stream, tokens_of, varied_audios
+
 from parakeet_stream.engine import ASREngine, EngineError, QueueFull
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import collect_until_final, run_stream, tokens_of
+
 from parakeet_stream.conformer import EncoderCache
-from parakeet_stream.engine import ASREngine
-from parakeet_stream.engine import chunker
+from parakeet_stream.engine import ASREngine, chunker
 from parakeet_stream.engine.sequence import Sequence
 from parakeet_stream.features import FeatureStream
 from parakeet_stream.tokenizer import IncrementalDetokenizer

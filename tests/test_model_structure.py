@@ -9,8 +9,8 @@ import tarfile
 import pytest
 import torch
 import yaml
-
 from conftest import NEMO
+
 from parakeet_stream.config import ModelConfig, UnsupportedModel
 from parakeet_stream.convert import ConvertError, convert, map_state_dict
 from parakeet_stream.model import ParakeetModel

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 import torch
-
 from helpers import run_stream, tokens_of
+
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.model import ParakeetModel
 from parakeet_stream.precision import PrecisionError, check_precision, parse_dtype

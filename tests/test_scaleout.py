@@ -17,8 +17,6 @@ from pathlib import Path
 import orjson
 import pytest
 import trio
-
-from parakeet_stream.engine import ASREngine
 from test_server_support import (  # noqa: F401 - fixtures are used by name
     Raw,
     ServerProcess,
@@ -30,6 +28,8 @@ from test_server_support import (  # noqa: F401 - fixtures are used by name
     sentence,
     solo_tokens,
 )
+
+from parakeet_stream.engine import ASREngine
 
 CONFIG = Path(__file__).parents[1] / "deploy" / "haproxy.cfg"
 HAPROXY = shutil.which("haproxy") or next((p for p in ("/usr/sbin/haproxy",) if os.path.exists(p)), None)

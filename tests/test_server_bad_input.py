@@ -9,8 +9,6 @@ import re
 import numpy as np
 import pytest
 import trio
-
-from parakeet_stream.engine import ASREngine, StreamResult
 from test_server_support import (  # noqa: F401 - fixtures are used by name
     BareWebSocket,
     Raw,
@@ -23,6 +21,8 @@ from test_server_support import (  # noqa: F401 - fixtures are used by name
     transcribe_raw,
     url,
 )
+
+from parakeet_stream.engine import ASREngine, StreamResult
 
 MAX_MESSAGE = 65536
 F32_NAN = base64.b64encode(np.array([0.0, np.nan], "<f4").tobytes()).decode()

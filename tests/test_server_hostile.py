@@ -24,11 +24,6 @@ import orjson
 import pytest
 import trio
 import wsproto
-from wsproto.events import BytesMessage, CloseConnection, Request, TextMessage
-
-from parakeet_stream.server import ServerConfig
-from parakeet_stream.server.app import SEND_BUFFER_BYTES, open_listeners
-from parakeet_stream.server.budget import connection_bytes, memory_problem
 from test_server_support import (  # noqa: F401 - fixtures are used by name
     BareWebSocket,
     Raw,
@@ -37,6 +32,11 @@ from test_server_support import (  # noqa: F401 - fixtures are used by name
     pcm16_b64,
     sentence,
 )
+from wsproto.events import BytesMessage, CloseConnection, Request, TextMessage
+
+from parakeet_stream.server import ServerConfig
+from parakeet_stream.server.app import SEND_BUFFER_BYTES, open_listeners
+from parakeet_stream.server.guard import connection_bytes, memory_problem
 
 MB = 2**20
 BUDGET_MB = 30 * 16000 * 4 / MB  # --max-backlog-seconds 30 of float32 audio at 16 kHz

@@ -7,9 +7,6 @@ import socket
 import orjson
 import pytest
 import trio
-from trio_websocket import ConnectionRejected, open_websocket_url
-
-from parakeet_stream.server.static import static_file
 from test_server_support import (  # noqa: F401 - fixtures are used by name
     BareWebSocket,
     Raw,
@@ -26,6 +23,9 @@ from test_server_support import (  # noqa: F401 - fixtures are used by name
     url,
     wait_until,
 )
+from trio_websocket import ConnectionRejected, open_websocket_url
+
+from parakeet_stream.server.http import static_file
 
 
 @pytest.fixture

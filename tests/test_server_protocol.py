@@ -13,8 +13,6 @@ import pytest
 import soundfile as sf
 import soxr
 import trio
-
-from parakeet_stream.client import connect, receive_transcript, send_paced, transcribe_async
 from test_server_support import (  # noqa: F401 - fixtures are used by name
     Raw,
     audio_messages,
@@ -26,6 +24,13 @@ from test_server_support import (  # noqa: F401 - fixtures are used by name
     solo_tokens,
     transcribe_raw,
     url,
+)
+
+from parakeet_stream.client import (
+    connect,
+    receive_transcript,
+    send_paced,
+    transcribe_async,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

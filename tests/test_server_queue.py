@@ -3,10 +3,17 @@ from __future__ import annotations
 
 import pytest
 import trio
-
 from helpers import run_stream, tokens_of
+from test_server_support import (
+    Raw,
+    audio_messages,
+    pcm16_exact,
+    result_tokens,
+    running_server,
+    url,
+)
+
 from parakeet_stream.engine import ASREngine
-from test_server_support import Raw, audio_messages, pcm16_exact, result_tokens, running_server, url
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ import orjson
 import pytest
 import trio
 import wsproto
+from helpers import run_stream, tokens_of
 from trio_websocket import ConnectionClosed, open_websocket_url
 from wsproto.events import Request, TextMessage
 
-from helpers import run_stream, tokens_of
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.server import ServerConfig, ServerContext, serve

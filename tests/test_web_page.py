@@ -36,7 +36,7 @@ import pytest
 import soundfile as sf
 from test_server_support import ServerProcess
 
-from parakeet_stream.server.static import static_file
+from parakeet_stream.server.http import static_file
 
 ROOT = Path(__file__).resolve().parent.parent
 WEB = ROOT / "parakeet_stream" / "web"

@@ -11,7 +11,7 @@ from trio_websocket import WebSocketRequest, WebSocketServer
 
 from .context import ServerContext
 from .http import handle_http
-from .native import NativeSession
+from .protocols.native import NativeSession
 from .replica import handle_agent
 from .tcp import TcpChannel
 from .websocket import handle_request

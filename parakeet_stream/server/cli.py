@@ -8,15 +8,19 @@ import sys
 
 import trio
 
-from ..engine import ASREngine, add_engine_arguments, engine_options, single_threaded_host
+from ..engine import (
+    ASREngine,
+    add_engine_arguments,
+    engine_options,
+    single_threaded_host,
+)
 from ..model import DeviceError, ModelNotFound, check_device
 from ..precision import PrecisionError
 from .app import serve
-from .budget import memory_problem
 from .codes import ProtocolError
-from .config import ServerConfig
-from .context import ServerContext
-from .messages import parse_lookahead
+from .context import ServerConfig, ServerContext
+from .guard import memory_problem
+from .protocols.native import parse_lookahead
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -64,3 +64,8 @@ def ws_close_code(reason: str) -> int:
     if reason in CLOSE_REASONS:
         return CLOSE_REASONS[reason]
     return POLICIES[reason].ws_close_code or 1000
+
+
+def error_body(code: str, message: str) -> dict:
+    """The server's own error message (native protocol; HTTP and refused handshakes)."""
+    return {"type": "error", "code": code, "message": message}

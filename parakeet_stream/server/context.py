@@ -1,4 +1,4 @@
-"""State shared by every connection of one server."""
+"""Server settings and the state shared by every connection of one server."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,12 +6,46 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .admission import WaitEstimator
-from .config import ServerConfig
 from .metrics import Metrics
 
 if TYPE_CHECKING:
     from ..engine import ASREngine
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    tcp_port: int = 8765
+    ws_port: int = 8000
+    http_port: int = 8080
+    api_key: str | None = None
+    allowed_origins: tuple[str, ...] = ("*",)
+    max_message_bytes: int = 1 << 20
+    max_stream_seconds: float | None = 3600.0
+    max_backlog_seconds: float = 30.0  # unprocessed audio held per stream before reads pause
+    max_messages_per_second: float = 1000.0  # per connection; a message counts per started 8 KiB
+    idle_timeout: float = 30.0
+    send_timeout: float = 5.0
+    handshake_timeout: float = 5.0  # WebSocket upgrade, HTTP request, TCP API key
+    drain_timeout: float = 30.0
+    agent_port: int | None = None  # HAProxy agent-check port (None: no agent)
+    agent_weight_unit: int = 1  # streams of free capacity per agent weight point
+    model_name: str = "demo"
+    ports: dict[str, int] = field(default_factory=dict)  # actual ports once listening
+
+
+class WaitEstimator:
+    """Expected wait = how long a slot is typically held x streams ahead / slots."""
+
+    def __init__(self, default_hold_s: float = 10.0, smoothing: float = 0.2) -> None:
+        self._hold_s = default_hold_s
+        self._smoothing = smoothing
+
+    def record_hold(self, seconds: float) -> None:
+        self._hold_s += self._smoothing * (seconds - self._hold_s)
+
+    def estimate(self, position: int, slots: int) -> float:
+        return round(self._hold_s * position / max(1, slots), 1)
 
 
 @dataclass

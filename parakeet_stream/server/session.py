@@ -1,6 +1,6 @@
 """One client connection: a reader and a writer loop around (at most) one engine stream.
 
-Subclasses speak a protocol (native, realtime); this class owns admission, results
+Subclasses speak a protocol (`protocols/`); this class owns admission, results
 delivery, back-pressure, timeouts, shutdown and the close policy.
 """
 from __future__ import annotations
@@ -8,17 +8,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
 import numpy as np
 import trio
 
-from . import jsonio, messages
-from .budget import MAX_BATCH_MESSAGES, TokenBucket, backlog_samples, message_units
-from .channel import Channel, ChannelClosed, SlowConsumer
-from .codes import POLICIES, ProtocolError, ws_close_code
+from . import wire
+from .codes import POLICIES, ProtocolError, error_body, ws_close_code
 from .context import ServerContext
-from .stream import EngineStream
-from .wakeup import Wakeup
+from .guard import MAX_BATCH_MESSAGES, TokenBucket, backlog_samples, message_units
+from .stream import EngineStream, Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +25,39 @@ log = logging.getLogger(__name__)
 SILENT_ENDS = ("vanished", "slow_consumer")
 # while reading is paused for back-pressure, how often to look whether the client is gone
 PEER_CHECK_S = 0.1
+
+
+class ChannelClosed(Exception):
+    """The peer is gone (EOF, reset, WebSocket closed)."""
+
+
+class SlowConsumer(Exception):
+    """A send did not complete within the send timeout: the client is not reading."""
+
+
+class Channel(Protocol):
+    transport: str  # "tcp" or "ws"
+
+    async def receive(self) -> str | bytes:
+        """The next message: str = JSON text, bytes = a binary WebSocket frame.
+
+        Raises ChannelClosed at end of input and ProtocolError for framing errors.
+        """
+
+    def receive_buffered(self) -> str | bytes | None:
+        """The next message if it is already buffered (no waiting), else None."""
+
+    def peer_gone(self) -> bool:
+        """Whether the connection is known to be reset, without reading from it."""
+
+    async def send(self, data: bytes) -> None:
+        """Send one encoded JSON message; raises ChannelClosed or SlowConsumer."""
+
+    async def close(self, reason: str, code: int) -> None:
+        """Close gracefully (code/reason used by WebSocket), at most ~1 s."""
+
+    async def abort(self) -> None:
+        """Drop the connection at once (a partial send may be pending)."""
 
 
 class Session:
@@ -72,14 +104,14 @@ class Session:
         raise NotImplementedError
 
     def error_message(self, code: str, message: str) -> dict:
-        return messages.error(code, message)
+        return error_body(code, message)
 
     def closed_message(self, reason: str) -> dict | None:
-        return messages.closed(reason)
+        return {"type": "closed", "reason": reason}
 
     def queued_message(self, position: int, estimated_wait_s: float | None) -> dict | None:
         """While waiting for a slot (None: the protocol has no such message)."""
-        return messages.queued(position, estimated_wait_s)
+        return {"type": "queued", "position": position, "estimated_wait_s": estimated_wait_s}
 
     # -- lifecycle --------------------------------------------------------------------
     async def run(self) -> None:
@@ -114,7 +146,7 @@ class Session:
         self.end(reason, self.closed_message(reason))
 
     async def send(self, message: dict) -> None:
-        await self.channel.send(jsonio.dumps(message))
+        await self.channel.send(wire.dumps(message))
 
     async def _guard(self, loop: Callable[[], Awaitable[None]]) -> None:
         try:

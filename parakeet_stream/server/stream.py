@@ -16,13 +16,30 @@ import trio
 from ..audio import StreamResampler
 from ..engine import EngineError, QueueFull
 from .codes import ProtocolError
-from .wakeup import Wakeup
 
 if TYPE_CHECKING:
     from ..engine import ASREngine, StreamResult
 
 MIN_PUSH_SECONDS = 0.01
 SAMPLE_BYTES = 4  # float32
+
+
+class Wakeup:
+    def __init__(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._event = trio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def set_threadsafe(self) -> None:
+        """For engine listeners: cheap, never blocks, safe after trio has exited."""
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(self.set)
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        self._event = trio.Event()
 
 
 class EngineStream:

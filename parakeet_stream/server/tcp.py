@@ -5,8 +5,8 @@ import socket
 
 import trio
 
-from .channel import ChannelClosed, SlowConsumer
 from .codes import ProtocolError
+from .session import ChannelClosed, SlowConsumer
 
 RECEIVE_BYTES = 65536
 TCP_CLOSE = 7  # Linux tcp_info state after a reset

@@ -6,16 +6,22 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
 
 import trio
-from trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection, WebSocketRequest
+from trio_websocket import (
+    CloseReason,
+    ConnectionClosed,
+    WebSocketConnection,
+    WebSocketRequest,
+)
 from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection
 
-from . import deepgram, jsonio, messages
-from .auth import bearer_token, key_ok, origin_ok
-from .channel import ChannelClosed, SlowConsumer
-from .codes import ProtocolError
-from .native import NativeSession
-from .realtime import RealtimeSession
+from . import wire
+from .codes import ProtocolError, error_body
+from .guard import bearer_token, key_ok, origin_ok
+from .protocols import deepgram
+from .protocols.native import NativeSession
+from .protocols.vllm import RealtimeSession
+from .session import ChannelClosed, SlowConsumer
 from .tcp import TCP_CLOSE, TCP_CLOSE_WAIT, socket_state
 
 if TYPE_CHECKING:
@@ -120,7 +126,7 @@ async def _reject(
     ctx: ServerContext, request: WebSocketRequest, status: int, code: str, message: str, body: dict | None = None
 ) -> None:
     ctx.metrics.error(code)
-    await request.reject(status, body=jsonio.dumps(body or messages.error(code, message)))
+    await request.reject(status, body=wire.dumps(body or error_body(code, message)))
     # trio_websocket keeps a rejected connection open until the client closes it, so that
     # one client could hold any number of them: close it (through its private API, if there)
     close = getattr(getattr(request, "_connection", None), "_close_stream", None)

@@ -1,4 +1,5 @@
-"""Per-connection budgets: message rate, the memory bound, and the start-up memory check.
+"""Who may connect and how much a connection may take: the API key and Origin checks, the
+message rate, the memory bound, and the start-up memory check.
 
 What a connection may hold (docs/protocol.md section 5): its stream's audio not yet encoded
 (`max_backlog_seconds` at the model rate, float32, whether queued or admitted) plus the
@@ -7,12 +8,13 @@ message it is reading or parsing (framing buffers and the decoded samples, each 
 """
 from __future__ import annotations
 
+import hmac
 import math
 
 import trio
 
 from ..engine.asr_engine import available_ram
-from .config import ServerConfig
+from .context import ServerConfig
 
 MODEL_RATE = 16000
 SAMPLE_BYTES = 4
@@ -73,3 +75,21 @@ class TokenBucket:
         self._at = now
         if self._tokens < 0:
             await trio.sleep(-self._tokens / self.rate)
+
+
+def key_ok(expected: str | None, given: object) -> bool:
+    if expected is None:
+        return True
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def bearer_token(headers: dict[str, str]) -> str | None:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def origin_ok(allowed: tuple[str, ...], origin: str | None) -> bool:
+    """Requests without an Origin header come from non-browser clients and pass."""
+    if origin is None or "*" in allowed:
+        return True
+    return origin.rstrip("/").lower() in {a.rstrip("/").lower() for a in allowed}

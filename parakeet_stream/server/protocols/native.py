@@ -1,26 +1,132 @@
-"""The native protocol (a superset of the original parakeet-streaming protocol)."""
+"""The native protocol (a superset of the original parakeet-streaming protocol), on TCP and
+WebSocket: client messages parsed and validated, engine results turned into `result` messages."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import trio
 
-from .. import audio
-from . import jsonio, messages
-from .auth import key_ok
-from .channel import Channel
-from .codes import ProtocolError
-from .context import ServerContext
-from .messages import Audio, Close, Ping, Start, StreamConfig
-from .pcm import decode_bytes
-from .session import Session
-from .stream import EngineStream
+from ... import audio
+from .. import wire
+from ..codes import ProtocolError, error_body
+from ..context import ServerContext
+from ..guard import key_ok
+from ..session import Channel, Session
+from ..stream import EngineStream
+from ..wire import (
+    ENCODINGS,
+    decimal,
+    decode_base64,
+    decode_bytes,
+    decode_samples,
+    parse_sample_rate,
+)
 
 PROTOCOL_VERSION = 2
 PRE_AUTH_MAX_LINE = 65536  # TCP with an API key: the longest first line (it carries the key)
 RAW_AUDIO = object()  # a binary frame that is not a JSON object
+START_TYPES = ("start", "config")
+
+
+@dataclass
+class StreamConfig:
+    """What a client declared about its audio (all optional; defaults = original protocol)."""
+
+    sample_rate: int | None = None
+    encoding: str | None = None
+    lookahead: tuple[int, int] | None = None
+
+
+@dataclass
+class Start:
+    config: StreamConfig
+
+
+@dataclass
+class Audio:
+    samples: np.ndarray | None  # None: a bare final marker
+    final: bool
+
+
+@dataclass
+class Close:
+    pass
+
+
+@dataclass
+class Ping:
+    pass
+
+
+ClientMessage = Start | Audio | Close | Ping
+
+
+def parse(obj: Any, encoding: str) -> ClientMessage:
+    """One decoded JSON value -> a client message; `encoding` is the stream's default."""
+    if not isinstance(obj, dict):
+        raise ProtocolError("invalid_message", "a message must be a JSON object")
+    kind = obj.get("type")
+    if kind is None:
+        raise ProtocolError("missing_field", "'type' is required")
+    if kind == "audio":
+        return parse_audio(obj, encoding)
+    if kind == "close":
+        return Close()
+    if kind == "ping":
+        return Ping()
+    if kind in START_TYPES:
+        return Start(parse_config(obj))
+    raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:40]!r}")
+
+
+def parse_audio(obj: dict, encoding: str) -> Audio:
+    final = obj.get("final", False)
+    if not isinstance(final, bool):
+        raise ProtocolError("invalid_field", "'final' must be a boolean")
+    has_data, has_samples = obj.get("data") is not None, obj.get("samples") is not None
+    if has_data and has_samples:
+        raise ProtocolError("invalid_field", "send either 'data' or 'samples', not both")
+    if has_samples:
+        return Audio(decode_samples(obj["samples"]), final)
+    if has_data:
+        raw = decode_base64(obj["data"])
+        return Audio(decode_bytes(raw, parse_encoding(obj.get("encoding") or encoding)), final)
+    if not final:
+        raise ProtocolError("missing_field", "audio needs 'data' or 'samples'")
+    return Audio(None, True)
+
+
+def parse_config(obj: dict, from_url: bool = False) -> StreamConfig:
+    """Fields of a start/config message or (`from_url`) of WebSocket query parameters."""
+    config = StreamConfig()
+    if obj.get("sample_rate") is not None:
+        config.sample_rate = parse_sample_rate(obj["sample_rate"], from_url)
+    if obj.get("encoding") is not None:
+        config.encoding = parse_encoding(obj["encoding"], "invalid_config")
+    if obj.get("lookahead") is not None:
+        config.lookahead = parse_lookahead(obj["lookahead"])
+    return config
+
+
+def parse_encoding(value: Any, code: str = "invalid_field") -> str:
+    if value not in ENCODINGS:
+        raise ProtocolError(code, f"'encoding' must be one of {', '.join(ENCODINGS)}")
+    return value
+
+
+def parse_lookahead(value: Any) -> tuple[int, int]:
+    """'L,R' or [L, R] -> (L, R): attention context frames left and right."""
+    parts = [decimal(p.strip()) for p in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(parts, list) or len(parts) != 2 or not all(_is_int(p) for p in parts):
+        raise ProtocolError("invalid_config", "'lookahead' must look like \"70,1\" or [70, 1]")
+    return int(parts[0]), int(parts[1])
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class NativeSession(Session):
@@ -39,7 +145,7 @@ class NativeSession(Session):
         return self.declared.encoding or "pcm16"
 
     async def on_open(self) -> None:
-        self.declared = messages.parse_config(self._query, from_url=True)
+        self.declared = parse_config(self._query, from_url=True)
         if self._key_pending:
             self._full_line = self.channel.max_line
             self.channel.max_line = min(self._full_line, PRE_AUTH_MAX_LINE)
@@ -51,7 +157,7 @@ class NativeSession(Session):
         """Unauthenticated connections hold no stream, and not for long either."""
         await trio.sleep(self.config.handshake_timeout)
         if self._key_pending:
-            self.end("unauthorized", messages.error("unauthorized", "no API key within the handshake timeout"))
+            self.end("unauthorized", error_body("unauthorized", "no API key within the handshake timeout"))
 
     def _open(self) -> None:
         rate = self.declared.sample_rate or audio.SAMPLE_RATE
@@ -71,14 +177,14 @@ class NativeSession(Session):
             start = end + 1
 
     async def on_unit(self, unit: str | bytes) -> None:
-        obj = _sniff_json(unit) if isinstance(unit, bytes) else jsonio.loads(unit)
+        obj = _sniff_json(unit) if isinstance(unit, bytes) else wire.loads(unit)
         first, self._first = self._first, False
         if obj is RAW_AUDIO:  # a binary frame of raw audio in the declared encoding
             await self._audio(Audio(decode_bytes(unit, self.encoding), False))
             return
         if first and await self._first_message(obj):
             return
-        message = messages.parse(obj, self.encoding)
+        message = parse(obj, self.encoding)
         del obj  # parsed JSON (a samples list) can be many times the audio it carries
         if isinstance(message, Start):
             raise ProtocolError("bad_state", "start/config is only accepted as the first message")
@@ -92,11 +198,11 @@ class NativeSession(Session):
                 raise ProtocolError("unauthorized", "a valid API key is required")
             self._key_pending = False
             self.channel.max_line = self._full_line
-        if fields.get("type") not in messages.START_TYPES:
+        if fields.get("type") not in START_TYPES:
             if self.stream is None:
                 self._open()
             return False
-        await self._start(messages.parse_config(fields))
+        await self._start(parse_config(fields))
         return True
 
     async def _start(self, config: StreamConfig) -> None:
@@ -117,7 +223,7 @@ class NativeSession(Session):
 
     async def _dispatch(self, message: Audio | Close | Ping) -> None:
         if isinstance(message, Ping):
-            await self.send(messages.PONG)
+            await self.send({"type": "pong"})
         elif isinstance(message, Close):
             self.stream.finalize()
         else:
@@ -149,7 +255,7 @@ class NativeSession(Session):
 
     async def on_result(self, stream: EngineStream, result, text: str) -> None:
         if result.error:
-            await self.send(messages.error(result.error, "inference failed for this stream"))
+            await self.send(self.error_message(result.error, "inference failed for this stream"))
         await self.send(_result_message(stream, result, text))
 
     async def on_stream_done(self, stream: EngineStream, error: str | None) -> None:
@@ -186,7 +292,7 @@ def _sniff_json(frame: bytes) -> Any:
     if not frame.startswith(b"{"):
         return RAW_AUDIO
     try:
-        obj = jsonio.loads(frame)
+        obj = wire.loads(frame)
     except ProtocolError:
         return RAW_AUDIO
     return obj if isinstance(obj, dict) else RAW_AUDIO

@@ -5,14 +5,13 @@ import time
 import uuid
 from typing import Any
 
-from .. import audio
-from . import jsonio, messages
-from .channel import Channel
-from .codes import ProtocolError
-from .context import ServerContext
-from .pcm import decode_base64, decode_bytes
-from .session import Session
-from .stream import EngineStream
+from ... import audio
+from .. import wire
+from ..codes import ProtocolError
+from ..context import ServerContext
+from ..session import Channel, Session
+from ..stream import EngineStream
+from ..wire import decode_base64, decode_bytes, parse_sample_rate
 
 # our codes -> the names vLLM's realtime server uses for the same failures
 VLLM_CODES = {
@@ -33,7 +32,7 @@ class RealtimeSession(Session):
 
     async def on_open(self) -> None:
         if "sample_rate" in self._query:
-            self.sample_rate = messages.parse_sample_rate(self._query["sample_rate"], from_url=True)
+            self.sample_rate = parse_sample_rate(self._query["sample_rate"], from_url=True)
         self._ensure_stream()
 
     def _ensure_stream(self) -> EngineStream:
@@ -45,7 +44,7 @@ class RealtimeSession(Session):
     async def on_unit(self, unit: str | bytes) -> None:
         if isinstance(unit, bytes):
             raise ProtocolError("invalid_message", "binary frames are not part of the realtime API")
-        event = jsonio.loads(unit)
+        event = wire.loads(unit)
         if not isinstance(event, dict):
             raise ProtocolError("invalid_message", "an event must be a JSON object")
         kind = event.get("type")
@@ -66,7 +65,7 @@ class RealtimeSession(Session):
         stream = self._ensure_stream()
         if stream.received_samples:
             raise ProtocolError("bad_state", "sample_rate can only change before audio is sent")
-        self.sample_rate = messages.parse_sample_rate(session["sample_rate"])
+        self.sample_rate = parse_sample_rate(session["sample_rate"])
         stream.set_input_rate(self.sample_rate)
 
     async def _append(self, event: dict[str, Any]) -> None:

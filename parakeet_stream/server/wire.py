@@ -1,4 +1,6 @@
-"""Decode client audio payloads into float32 samples, mapping failures to error codes.
+"""What every protocol reads off the wire: JSON (orjson on the hot path), audio payloads
+(PCM16, float32, G.711 mu-law / A-law) and the numeric fields they declare, each failure
+mapped to a stable error code.
 
 Float samples outside -1..1 (f32 bytes, `samples` lists) are clipped to -1..1, as a sound card
 would: finite but huge values (3e38) would otherwise overflow the features to infinity.
@@ -6,13 +8,14 @@ would: finite but huge values (3e38) would otherwise overflow the features to in
 from __future__ import annotations
 
 import binascii
+import json
 from typing import Any
 
 import numpy as np
+import orjson
 
 from .. import audio
 from .codes import ProtocolError
-
 
 
 def _mulaw_table() -> np.ndarray:
@@ -90,3 +93,49 @@ def _clip(samples: np.ndarray) -> np.ndarray:
     if samples.size and (samples.max() > 1.0 or samples.min() < -1.0):
         samples = np.clip(samples, -1.0, 1.0)
     return samples
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)
+
+
+def loads(data: bytes | str) -> Any:
+    """Parse one message; raises ProtocolError(invalid_utf8 | invalid_json)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return _loads_slow(data)
+
+
+def _loads_slow(data: bytes | str) -> Any:
+    # Error path only: tell bad UTF-8 from bad JSON, and accept the NaN/Infinity
+    # literals Python's json module writes so that they are reported as bad samples.
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("invalid_utf8", "message is not valid UTF-8") from None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise ProtocolError("invalid_json", "message is not valid JSON") from None
+
+
+def parse_sample_rate(value: Any, from_url: bool = False) -> int:
+    """A JSON integer; in a URL query (text by nature) ASCII decimal digits. A string in
+    JSON is refused like any other wrong type."""
+    if from_url:
+        value = decimal(value)
+    try:
+        return audio.check_rate(value)
+    except audio.AudioError:
+        raise ProtocolError(
+            "invalid_config", f"'sample_rate' must be an integer from {audio.MIN_RATE} to {audio.MAX_RATE}"
+        ) from None
+
+
+def decimal(text: Any, max_digits: int = 9) -> int | None:
+    """ASCII decimal digits (not '²', not Unicode digits, not thousands of them) -> int."""
+    if isinstance(text, str) and 0 < len(text) <= max_digits and text.isascii() and text.isdigit():
+        return int(text)
+    return None

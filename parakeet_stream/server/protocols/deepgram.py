@@ -17,15 +17,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import audio
-from . import jsonio, messages
-from .budget import backlog_samples
-from .channel import Channel
-from .codes import ProtocolError
-from .context import ServerContext
-from .pcm import decode_bytes
-from .session import Session
-from .stream import EngineStream
+from ... import audio
+from .. import wire
+from ..codes import ProtocolError
+from ..context import ServerContext
+from ..guard import backlog_samples
+from ..session import Channel, Session
+from ..stream import EngineStream
+from ..wire import decode_bytes, parse_sample_rate
 
 PATH = "/v1/listen"
 ENCODINGS = {"linear16": "pcm16", "mulaw": "mulaw", "alaw": "alaw"}
@@ -62,7 +61,7 @@ def parse_options(query: dict[str, str]) -> Options:
     options.encoding = ENCODINGS[encoding]
     if "sample_rate" not in query:
         raise ProtocolError("invalid_config", "'sample_rate' is required with 'encoding'")
-    options.sample_rate = messages.parse_sample_rate(query["sample_rate"], from_url=True)
+    options.sample_rate = parse_sample_rate(query["sample_rate"], from_url=True)
     if query.get("channels", "1") != "1":
         raise ProtocolError("invalid_config", "only 'channels=1' is supported")
     for name in BOOLEANS:
@@ -140,7 +139,7 @@ class DeepgramSession(Session):
             self._received_seconds += len(samples) / self.options.sample_rate
             await self._audio(samples)
             return
-        event = jsonio.loads(unit)
+        event = wire.loads(unit)
         kind = event.get("type") if isinstance(event, dict) else None
         if kind == "KeepAlive":
             return  # receiving it restarted the idle clock
