@@ -83,6 +83,23 @@ async def test_results_carry_delta_timing_and_latency(engine, sentence):
     assert seconds == sorted(seconds) and seconds[-1] >= len(sentence) / 16000 - 0.2
 
 
+async def test_results_carry_each_word_once_with_times(engine, sentence):
+    """`words` lists the words a result completes: over a stream they spell the transcript,
+    in order, with times inside the audio and each word inside its tokens' frames."""
+    async with running_server(engine) as ctx:
+        results = await transcribe_raw(url(ctx, "ws"), sentence)
+    words = [w for r in results for w in r["words"]]
+    assert [w["word"] for w in words] == results[-1]["text"].split() and words
+    ends = [0.0] + [w["end"] for w in words]
+    for previous_end, word in zip(ends, words):
+        assert previous_end <= word["start"] <= word["end"] <= results[-1]["audio_seconds"]
+    token_times = [t for r in results for t in r["token_times"]]
+    assert words[0]["start"] == round(token_times[0], 3)
+    for r in results:  # a word is sent once complete, not before its audio was heard
+        assert all(word["end"] <= r["audio_seconds"] for word in r["words"])
+    assert len(words) < 2 or any(r["words"] for r in results[:-1])  # words arrive while audio flows
+
+
 @pytest.mark.parametrize("kind", ["tcp", "ws"])
 async def test_declared_rate_resampled_on_server(engine, sentence, kind):
     """48 kHz declared in a start message (or the WS URL): same as resampling client-side."""

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 MIN_PUSH_SECONDS = 0.01
 SAMPLE_BYTES = 4  # float32
+WORD_START = "\u2581"  # sentencepiece's word-boundary mark
+
+TimedToken = tuple[int, float]  # (token id, stream seconds of its frame)
 
 
 class Wakeup:
@@ -64,6 +67,8 @@ class EngineStream:
         self.limit_reached = False  # cut at max_seconds and finalized
         self.text = ""  # the transcript so far
         self.token_count = 0
+        self.words: list[dict] = []  # words completed by the last absorbed result
+        self._open_word: list[TimedToken] = []
         self.admitted_at: float | None = None
         self.finalized_at: float | None = None
         self.finished = False  # final result collected, or cancelled
@@ -139,8 +144,25 @@ class EngineStream:
         self.text += result.text
         self.token_count += len(result.token_ids)
         self.consumed_seconds = result.audio_seconds
+        self._absorb_words(result)
         self.finished = self.finished or result.is_final
         return self.text
+
+    def _absorb_words(self, result: StreamResult) -> None:
+        """A word is complete when the next one starts, at an end of utterance, or at the end."""
+        tokenizer = self.engine.model.tokenizer
+        tokens, closed = self._open_word, result.is_final
+        for token, seconds in zip(result.token_ids, result.token_times):
+            if token == tokenizer.eou_id:
+                closed = True
+            elif not _special(tokenizer, token):
+                tokens.append((token, seconds))
+                closed = False
+        groups = group_words(tokenizer, tokens)
+        self._open_word = [] if closed or not groups else groups.pop()
+        frame = self.engine.model.frame_seconds
+        limit = self._open_word[0][1] if self._open_word else result.audio_seconds
+        self.words = timed_words(tokenizer, groups, frame, limit)
 
     def release(self) -> float | None:
         """Free the slot (cancelling if unfinished); returns how long it was held, once."""
@@ -177,3 +199,31 @@ def _create(engine: ASREngine, lookahead: tuple[int, int] | None) -> int:
             raise
         modes = ", ".join(f"{left},{right}" for left, right in engine.lookahead_modes)
         raise ProtocolError("bad_lookahead", f"lookahead must be one of: {modes}") from None
+
+
+def group_words(tokenizer, tokens: list[TimedToken]) -> list[list[TimedToken]]:
+    """Split tokens (no special ones) into words: a piece starting with '\u2581' starts one."""
+    groups: list[list[TimedToken]] = []
+    for token, seconds in tokens:
+        if not groups or tokenizer.piece(token).startswith(WORD_START):
+            groups.append([])
+        groups[-1].append((token, seconds))
+    return groups
+
+
+def timed_words(tokenizer, groups: list[list[TimedToken]], frame_seconds: float, limit: float) -> list[dict]:
+    """{word, start, end} per group: a word runs from its first token's frame to the end of its
+    last token's frame, cut at the next word's start and at `limit` (the audio known so far, or
+    where the word after the last group starts)."""
+    words = []
+    for i, group in enumerate(groups):
+        start = min(group[0][1], limit)
+        cut = groups[i + 1][0][1] if i + 1 < len(groups) else limit
+        end = max(start, min(group[-1][1] + frame_seconds, cut, limit))
+        if word := tokenizer.decode([token for token, _ in group]).strip():
+            words.append({"word": word, "start": round(start, 3), "end": round(end, 3)})
+    return words
+
+
+def _special(tokenizer, token: int) -> bool:
+    return token in tokenizer.special_ids or token == tokenizer.blank_id

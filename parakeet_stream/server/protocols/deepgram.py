@@ -23,7 +23,7 @@ from ..codes import ProtocolError
 from ..context import ServerContext
 from ..guard import backlog_samples
 from ..session import Channel, Session
-from ..stream import EngineStream
+from ..stream import EngineStream, group_words, timed_words
 from ..wire import decode_bytes, parse_sample_rate
 
 PATH = "/v1/listen"
@@ -187,7 +187,8 @@ class DeepgramSession(Session):
             await self.send(self.error_message(result.error, "inference failed for this stream"))
             return
         segment = self._segment
-        real = [(t, s) for t, s in zip(result.token_ids, result.token_times) if not self._special(t)]
+        special = self._tokenizer.special_ids | {self._tokenizer.blank_id}
+        real = [(t, s) for t, s in zip(result.token_ids, result.token_times) if t not in special]
         if real and not segment.token_ids:
             segment.start = self._offset + real[0][1]
             if self.options.vad_events:
@@ -239,26 +240,10 @@ class DeepgramSession(Session):
         }
 
     def _words(self, now: float) -> list[dict]:
-        """Words from the segment's tokens: a piece that starts with '▁' starts a word. A word
-        runs from its first token's frame to the end of its last token's frame, cut at the next
-        word's start and at `now` (the audio processed so far)."""
-        groups: list[list[tuple[int, float]]] = []
-        for token, seconds in zip(self._segment.token_ids, self._segment.token_times):
-            if not groups or self._tokenizer.piece(token).startswith("\u2581"):
-                groups.append([])
-            groups[-1].append((token, seconds))
-        words = []
-        for i, group in enumerate(groups):
-            start = min(group[0][1], now)
-            limit = groups[i + 1][0][1] if i + 1 < len(groups) else now
-            end = max(start, min(group[-1][1] + self._frame_seconds, limit, now))
-            word = self._tokenizer.decode([token for token, _ in group]).strip()
-            if word:
-                words.append({"word": word, "start": round(start, 3), "end": round(end, 3), "confidence": 1.0})
-        return words
-
-    def _special(self, token: int) -> bool:
-        return token in self._tokenizer.special_ids or token == self._tokenizer.blank_id
+        segment = self._segment
+        groups = group_words(self._tokenizer, list(zip(segment.token_ids, segment.token_times)))
+        words = timed_words(self._tokenizer, groups, self._frame_seconds, now)
+        return [{**word, "confidence": 1.0} for word in words]
 
     async def on_stream_done(self, stream: EngineStream, error: str | None) -> None:
         self._offset += self._stream_seconds

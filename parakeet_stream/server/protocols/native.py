@@ -279,6 +279,7 @@ def _result_message(stream: EngineStream, result, text: str) -> dict:
         "start": result.start,
         "end": result.end,
         "token_times": result.token_times,
+        "words": stream.words,  # the words this result completes: {word, start, end}
         "audio_seconds": result.audio_seconds,
         "latency": result.latency,
     }
