@@ -201,27 +201,65 @@ async def test_keepalive_holds_an_idle_connection(engine, sentence):
     assert [m["type"] for m in idle] == ["Error"] and idle[0]["variant"] == "idle_timeout"
 
 
+def audio_end(message: dict) -> float:
+    return message["start"] + message["duration"]
+
+
 async def test_vad_and_utterance_end_events(engine, wavs):
     samples = wavs["pause"]
     pcm = encode_audio(samples, "pcm16")
     async with running_server(engine) as ctx:
         worker = run_sdk(
             ctx, send_all_then_close(pcm, 16000, 2), encoding="linear16", sample_rate=16000,
-            vad_events="true", utterance_end_ms="1000",
+            vad_events="true", interim_results="true", utterance_end_ms="1000",
         )
         messages = await in_thread(worker)
     kinds = [m["type"] for m in messages]
     assert kinds[-1] == "Metadata"
-    results = [i for i, kind in enumerate(kinds) if kind == "Results"]
-    assert len(results) >= 2  # the pause ends an utterance: several speech_final segments
+    finals_at = [i for i, m in enumerate(messages) if m["type"] == "Results" and m["is_final"]]
+    assert len(finals_at) >= 2  # the pause ends an utterance: several speech_final segments
     previous_end = 0.0
-    for i in results:  # SpeechStarted before each segment, UtteranceEnd after it
-        result, started, ended = messages[i], messages[i - 1], messages[i + 1]
-        words = result["channel"]["alternatives"][0]["words"]
-        assert result["is_final"] and result["speech_final"] and words
-        assert started["type"] == "SpeechStarted" and previous_end <= started["timestamp"] == words[0]["start"]
-        assert ended["type"] == "UtteranceEnd" and ended["last_word_end"] == words[-1]["end"]
+    for i in finals_at:  # SpeechStarted before each segment (interim results in between)
+        words = messages[i]["channel"]["alternatives"][0]["words"]
+        assert messages[i]["speech_final"] or i == finals_at[-1]
+        started = [m for m in messages[:i] if m["type"] == "SpeechStarted"][-1]
+        assert previous_end <= started["timestamp"] == words[0]["start"]
         previous_end = words[-1]["end"]
+    # UtteranceEnd: after a gap of 1 s without words following a final (or at the end of the
+    # audio), naming that final's last word; never while words are still coming
+    ends = [i for i, kind in enumerate(kinds) if kind == "UtteranceEnd"]
+    assert ends and ends[-1] == len(messages) - 2  # the last one closes the audio
+    for i in ends:
+        last_final = max(f for f in finals_at if f < i)
+        last_word_end = messages[last_final]["channel"]["alternatives"][0]["words"][-1]["end"]
+        assert messages[i]["last_word_end"] == last_word_end
+        later = [m for m in messages[i:] if m["type"] == "Results"]
+        assert all(audio_end(m) >= last_word_end + 1.0 - 1e-3 for m in later)
+    for f, nxt in zip(finals_at, finals_at[1:]):  # a gap of >= 1 s between segments is announced
+        gap_start = messages[f]["channel"]["alternatives"][0]["words"][-1]["end"]
+        next_word = messages[nxt]["channel"]["alternatives"][0]["words"][0]["start"]
+        assert (next_word - gap_start >= 1.0) == any(f < i < nxt for i in ends)
+
+
+async def test_endpointing_ends_segments_on_silence(engine, wavs):
+    """`endpointing`: a segment also ends after that much audio without a new word (held to
+    at least 300 ms); `endpointing=false`: segments still end at <EOU>, never as speech_final."""
+    pcm = encode_audio(wavs["pause"], "pcm16")
+    runs = {}
+    async with running_server(engine) as ctx:
+        for value in ("300", "false", None):
+            params = {} if value is None else {"endpointing": value}
+            worker = run_sdk(ctx, send_all_then_close(pcm, 16000, 2), encoding="linear16", sample_rate=16000, **params)
+            runs[value] = finals(await in_thread(worker))
+    assert transcript([*runs["300"]]) == transcript([*runs[None]]) == transcript([*runs["false"]])
+    assert len(runs["300"]) >= len(runs[None]) and not any(m["speech_final"] for m in runs["false"])
+    at_eou = {audio_end(m) for m in runs[None]}
+    on_silence = [m for m in runs["300"][:-1] if audio_end(m) not in at_eou]
+    assert on_silence  # the tiny test model pauses between tokens: silence splits there
+    frame = engine.model.frame_seconds
+    for message in on_silence:  # each new split follows >= 300 ms of audio without a word
+        words = message["channel"]["alternatives"][0]["words"]
+        assert message["speech_final"] and audio_end(message) - words[-1]["end"] >= 0.3 - frame - 1e-3
 
 
 async def test_wrong_key_is_an_auth_error(engine, sentence):

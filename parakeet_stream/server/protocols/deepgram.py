@@ -3,8 +3,9 @@
 Binary frames carry audio in the encoding the URL declares; text frames carry the control
 messages `KeepAlive`, `Finalize` and `CloseStream`. Engine results become `Results` messages:
 interim ones (with `interim_results=true`) while a segment grows, and one final per segment,
-where a segment ends at the model's end of utterance (`speech_final`), at `Finalize`
-(`from_finalize`) or at the end of the stream. `Metadata` is the last message before the close.
+where a segment ends at the model's end of utterance or after `endpointing` ms without a new
+word (`speech_final`), at `Finalize` (`from_finalize`) or at the end of the stream.
+`UtteranceEnd` follows once `utterance_end_ms` of audio passed after the last finalized word. `Metadata` is the last message before the close.
 Each `Finalize` ends the engine stream; later audio opens a new one, its times offset so that
 every time is counted from the start of the connection.
 """
@@ -31,6 +32,9 @@ ENCODINGS = {"linear16": "pcm16", "mulaw": "mulaw", "alaw": "alaw"}
 BOOLEANS = ("interim_results", "vad_events")
 # accepted and ignored: they change nothing in what our model produces
 IGNORED = {"model", "version", "language", "tag", "mip_opt_out", "punctuate", "smart_format", "numerals"}
+# Token times are not a voice-activity detector: a shorter wait for the next token would
+# end segments inside words (Deepgram's own default, 10 ms, is acoustic silence)
+MIN_ENDPOINTING_MS = 300
 KNOWN = {"encoding", "sample_rate", "channels", "endpointing", "utterance_end_ms", *BOOLEANS, *IGNORED}
 
 
@@ -42,7 +46,8 @@ class Options:
     sample_rate: int = audio.SAMPLE_RATE
     interim_results: bool = False
     vad_events: bool = False
-    endpointing: int | None = None  # ms; accepted: the model decides the end of utterance itself
+    endpointing: int | None = None  # ms without a new word that end a segment (None: the model's <EOU> only)
+    speech_final: bool = True  # False with endpointing=false: segments still end, never as speech_final
     utterance_end_ms: int | None = None
     model: str = "parakeet"
 
@@ -66,8 +71,10 @@ def parse_options(query: dict[str, str]) -> Options:
         raise ProtocolError("invalid_config", "only 'channels=1' is supported")
     for name in BOOLEANS:
         setattr(options, name, _boolean(query, name))
-    if query.get("endpointing") not in (None, "false"):
-        options.endpointing = _milliseconds(query, "endpointing")
+    if query.get("endpointing") == "false":
+        options.speech_final = False
+    elif "endpointing" in query:
+        options.endpointing = max(MIN_ENDPOINTING_MS, _milliseconds(query, "endpointing"))
     if "utterance_end_ms" in query:
         options.utterance_end_ms = _milliseconds(query, "utterance_end_ms")
     return options
@@ -127,6 +134,7 @@ class DeepgramSession(Session):
         self._received_seconds = 0.0
         self._stream_seconds = 0.0  # audio in the current engine stream (its padding not counted)
         self._segment = Segment()
+        self._last_final_word_end: float | None = None  # awaiting its UtteranceEnd
         self._from_finalize = False
         self._closing = False
         self._waiting: list[np.ndarray] = []  # audio sent while a finalized stream drains
@@ -189,6 +197,8 @@ class DeepgramSession(Session):
         segment = self._segment
         special = self._tokenizer.special_ids | {self._tokenizer.blank_id}
         real = [(t, s) for t, s in zip(result.token_ids, result.token_times) if t not in special]
+        now = self._offset + min(result.audio_seconds, self._stream_seconds)
+        await self._utterance_end(self._offset + real[0][1] if real else now)  # the gap, up to the next word
         if real and not segment.token_ids:
             segment.start = self._offset + real[0][1]
             if self.options.vad_events:
@@ -197,23 +207,39 @@ class DeepgramSession(Session):
             segment.token_ids.append(token)
             segment.token_times.append(self._offset + seconds)
         segment.text += result.text
-        now = self._offset + min(result.audio_seconds, self._stream_seconds)
-        if result.utterance_end or result.is_final:
-            await self._send_final(now, speech_final=result.utterance_end)
+        silence = self._silence(now)
+        if result.utterance_end or result.is_final or silence:
+            await self._send_final(now, speech_final=result.utterance_end or silence)
         elif self.options.interim_results and real:
             await self.send(self._results(now, is_final=False, speech_final=False))
+        if result.is_final and self._closing:
+            await self._utterance_end(now, ended=True)
+
+    def _silence(self, now: float) -> bool:
+        """`endpointing` ms of audio passed after the segment's last token."""
+        times, wait = self._segment.token_times, self.options.endpointing
+        return wait is not None and bool(times) and now - (times[-1] + self._frame_seconds) >= wait / 1000
 
     async def _send_final(self, now: float, speech_final: bool) -> None:
         from_finalize, self._from_finalize = self._from_finalize, False
         segment = self._segment
         if segment.token_ids or from_finalize:
-            message = self._results(now, is_final=True, speech_final=speech_final)
+            message = self._results(now, is_final=True, speech_final=speech_final and self.options.speech_final)
             message["from_finalize"] = from_finalize
             await self.send(message)
-        if speech_final and self.options.utterance_end_ms is not None and segment.token_ids:
-            words = self._words(now)
-            await self.send({"type": "UtteranceEnd", "channel": [0, 1], "last_word_end": words[-1]["end"]})
+        if words := self._words(now):
+            self._last_final_word_end = words[-1]["end"]
         self._segment = Segment(start=now)
+
+    async def _utterance_end(self, now: float, ended: bool = False) -> None:
+        """UtteranceEnd once `utterance_end_ms` of audio without a word followed the last
+        finalized one (or the audio ended)."""
+        last, wait = self._last_final_word_end, self.options.utterance_end_ms
+        if wait is None or last is None or self._segment.token_ids:
+            return
+        if ended or now - last >= wait / 1000:
+            self._last_final_word_end = None
+            await self.send({"type": "UtteranceEnd", "channel": [0, 1], "last_word_end": last})
 
     def _results(self, now: float, is_final: bool, speech_final: bool) -> dict:
         segment = self._segment
