@@ -25,7 +25,7 @@ from ..wire import (
     parse_sample_rate,
 )
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: results carry `words`
 PRE_AUTH_MAX_LINE = 65536  # TCP with an API key: the longest first line (it carries the key)
 RAW_AUDIO = object()  # a binary frame that is not a JSON object
 START_TYPES = ("start", "config")
