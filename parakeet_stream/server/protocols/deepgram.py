@@ -3,8 +3,8 @@
 Binary frames carry audio in the encoding the URL declares; text frames carry the control
 messages `KeepAlive`, `Finalize` and `CloseStream`. Engine results become `Results` messages:
 interim ones (with `interim_results=true`) while a segment grows, and one final per segment,
-where a segment ends at the model's end of utterance or after `endpointing` ms without a new
-word (`speech_final`), at `Finalize` (`from_finalize`) or at the end of the stream.
+where a segment ends at the model's end of utterance (`speech_final`, unless `endpointing=false`),
+at `Finalize` (`from_finalize`) or at the end of the stream.
 `UtteranceEnd` follows once `utterance_end_ms` of audio passed after the last finalized word. `Metadata` is the last message before the close.
 Each `Finalize` ends the engine stream; later audio opens a new one, its times offset so that
 every time is counted from the start of the connection.
@@ -30,12 +30,15 @@ from ..wire import decode_bytes, parse_sample_rate
 PATH = "/v1/listen"
 ENCODINGS = {"linear16": "pcm16", "mulaw": "mulaw", "alaw": "alaw"}
 BOOLEANS = ("interim_results", "vad_events")
-# accepted and ignored: they change nothing in what our model produces
-IGNORED = {"model", "version", "language", "tag", "mip_opt_out", "punctuate", "smart_format", "numerals"}
-# Token times are not a voice-activity detector: a shorter wait for the next token would
-# end segments inside words (Deepgram's own default, 10 ms, is acoustic silence)
-MIN_ENDPOINTING_MS = 300
-KNOWN = {"encoding", "sample_rate", "channels", "endpointing", "utterance_end_ms", *BOOLEANS, *IGNORED}
+# accepted and ignored: formatting, billing and hints our model has no use for (LiveKit's and
+# Pipecat's Deepgram plugins send most of them on every connection)
+IGNORED = {
+    "model", "version", "language", "tag", "mip_opt_out", "punctuate", "smart_format", "numerals",
+    "no_delay", "filler_words", "profanity_filter", "keywords", "keyterm", "dictation", "measurements",
+}
+# features we do not have: accepted only when they ask for nothing ("false")
+FALSE_ONLY = {"diarize", "multichannel", "detect_language", "sentiment", "topics", "intents"}
+KNOWN = {"encoding", "sample_rate", "channels", "endpointing", "utterance_end_ms", *BOOLEANS, *IGNORED, *FALSE_ONLY}
 
 
 @dataclass
@@ -46,8 +49,10 @@ class Options:
     sample_rate: int = audio.SAMPLE_RATE
     interim_results: bool = False
     vad_events: bool = False
-    endpointing: int | None = None  # ms without a new word that end a segment (None: the model's <EOU> only)
-    speech_final: bool = True  # False with endpointing=false: segments still end, never as speech_final
+    # Segments end at the model's <EOU>, a trained end-of-turn detector: `endpointing` ms are
+    # accepted but not used (a gap between token times is not silence: waiting for it would end
+    # segments inside words). endpointing=false: segments still end there, never as speech_final.
+    speech_final: bool = True
     utterance_end_ms: int | None = None
     model: str = "parakeet"
 
@@ -57,6 +62,8 @@ def parse_options(query: dict[str, str]) -> Options:
     unknown = sorted(set(query) - KNOWN - {"api_key"})
     if unknown:
         raise ProtocolError("invalid_config", f"unsupported query parameter(s): {', '.join(unknown)[:200]}")
+    if enabled := sorted(name for name in FALSE_ONLY if query.get(name, "false") != "false"):
+        raise ProtocolError("invalid_config", f"not supported by this server: {', '.join(enabled)}")
     options = Options(model=query.get("model", "parakeet"))
     encoding = query.get("encoding")
     if encoding is None:
@@ -74,7 +81,7 @@ def parse_options(query: dict[str, str]) -> Options:
     if query.get("endpointing") == "false":
         options.speech_final = False
     elif "endpointing" in query:
-        options.endpointing = max(MIN_ENDPOINTING_MS, _milliseconds(query, "endpointing"))
+        _milliseconds(query, "endpointing")
     if "utterance_end_ms" in query:
         options.utterance_end_ms = _milliseconds(query, "utterance_end_ms")
     return options
@@ -207,18 +214,12 @@ class DeepgramSession(Session):
             segment.token_ids.append(token)
             segment.token_times.append(self._offset + seconds)
         segment.text += result.text
-        silence = self._silence(now)
-        if result.utterance_end or result.is_final or silence:
-            await self._send_final(now, speech_final=result.utterance_end or silence)
+        if result.utterance_end or result.is_final:
+            await self._send_final(now, speech_final=result.utterance_end)
         elif self.options.interim_results and real:
             await self.send(self._results(now, is_final=False, speech_final=False))
         if result.is_final and self._closing:
             await self._utterance_end(now, ended=True)
-
-    def _silence(self, now: float) -> bool:
-        """`endpointing` ms of audio passed after the segment's last token."""
-        times, wait = self._segment.token_times, self.options.endpointing
-        return wait is not None and bool(times) and now - (times[-1] + self._frame_seconds) >= wait / 1000
 
     async def _send_final(self, now: float, speech_final: bool) -> None:
         from_finalize, self._from_finalize = self._from_finalize, False
