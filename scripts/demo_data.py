@@ -1,10 +1,28 @@
 #!/usr/bin/env python3
-"""Build the synthetic espeak-ng corpus for the parakeet-stream demo model.
+"""Build the synthetic corpus for the parakeet-stream demo model (espeak-ng, flite, festival).
 
 One command, idempotent and resumable::
 
-    python scripts/demo_data.py                 # -> data/demo/
+    python scripts/demo_data.py                 # -> data/demo/ (espeak-ng only, as always)
     python scripts/demo_data.py --jobs 1        # gentler on a shared machine
+    python scripts/demo_data.py --out data/demo_multi --synths espeak,flite,festival
+
+Synthesizers (``--synths``; the default ``espeak`` is the original espeak-only
+corpus, whose configuration hash and plan are unchanged).  The corpus build needs
+the Debian packages of every synthesizer it names::
+
+    apt-get install -y espeak-ng                       # espeak
+    apt-get install -y flite                           # flite: kal kal16 awb slt rms
+    apt-get install -y festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts
+
+These are all the offline English synthesizers Debian packages (``apt-cache search
+festvox``/``flite``; ``festvox-k?lpc8k`` are 8 kHz copies of the kal/ked speakers, the
+other festvox voices are not English).  A voice is ``(synth, voice, variant)``; the
+wrappers and voice lists are in ``parakeet_stream/training/synth.py``.  Each utterance
+draws its synthesizer with ``--synth-weights`` (espeak-ng stays a fraction), then a
+voice of that synthesizer, a rate and a pitch.  Whole voices of EVERY synthesizer are
+held out for test_voices: espeak-ng's West Midlands accent and six variants, flite's
+rms and festival's ked_diphone never render a train or test_sentences utterance.
 
 Stages (each one is skipped when its output already exists):
 
@@ -13,9 +31,10 @@ Stages (each one is skipped when its output already exists):
    ``--vocab-size`` most common words, plus generated sentences over the same
    vocabulary (clause recombination, a trigram random walk, small templates).
    Written to ``<out>/text/``.
-2. plan: one rendering per sentence with a random voice / variant / speed /
-   pitch / augmentation, deterministic from ``--seed``.  ``<out>/plan.json``.
-3. audio: espeak-ng at 22.05 kHz -> soxr -> 16 kHz mono 16-bit FLAC under
+2. plan: one rendering per sentence with a random synthesizer / voice / variant /
+   speed / pitch / augmentation, deterministic from ``--seed``.  ``<out>/plan.json``.
+3. audio: synthesizer (espeak-ng 22.05 kHz, flite 8 or 16 kHz, festival 16 or 32
+   kHz) -> soxr -> 16 kHz mono 16-bit FLAC under
    ``<out>/audio/<split>/<shard>/<id>.flac`` (written atomically; existing files
    are kept, so an interrupted run resumes where it stopped).
 4. manifests: ``<out>/<split>.jsonl``, one JSON object per line::
@@ -24,7 +43,13 @@ Stages (each one is skipped when its output already exists):
         "text": "a bird in the hand", "duration": 2.41, "split": "train",
         "voice": "en-gb-scotland", "variant": "m3", "speed": 171, "pitch": 44,
         "gain_db": -7.3, "noise": "pink", "snr_db": 31.2,
-        "lead_s": 0.21, "tail_s": 0.08, "source": "natural"}
+        "lead_s": 0.21, "tail_s": 0.08, "source": "natural", "synth": "espeak",
+        "reverb_rt60": null, "telephone": null}
+
+   flite/festival lines have ``"speed": null, "pitch": null`` and instead
+   ``"stretch"`` (duration factor, > 1 slower) and ``"f0_hz"`` (target mean F0; null
+   where the voice's pitch cannot be set).  Manifests of plans made before
+   ``--synths`` existed lack the three new fields (they mean espeak, none, none).
 
    ``audio_filepath`` is relative to the directory holding the manifest.
    ``<out>/corpus.json`` summarises the corpus (counts, hours, voices held out).
@@ -38,8 +63,14 @@ variant).
 Augmentation happens HERE, at generation time, identically distributed for all
 splits: random lead-in silence, extra trailing silence, a random level (peak
 between -24 and -1 dBFS) and, for most utterances, light white or pink noise
-(SNR 20-45 dB).  The exact values are in each manifest line.  A trainer may add
-more on the fly (e.g. fresh noise, speed perturbation).
+(SNR 20-45 dB).  With more than espeak-ng (or explicit ``--reverb-prob`` /
+``--telephone-prob``) also: reverberation on a fraction of utterances (a synthetic
+room impulse response: direct path + exponentially decaying noise, RT60 0.1-0.6 s,
+``reverb_rt60``), and telephone-band copies on a fraction (8 kHz, 300-3400 Hz, half
+of them through a G.711 mu-law round trip, back to 16 kHz; ``telephone`` is
+``"8k"`` or ``"8k_mulaw"``).  Order: speech -> room -> silence padding -> noise ->
+telephone channel -> level -> dither.  The exact values are in each manifest line.
+A trainer may add more on the fly (e.g. fresh noise, speed perturbation).
 """
 
 from __future__ import annotations
@@ -54,12 +85,15 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from parakeet_stream.training import synth as synths
 
 # --------------------------------------------------------------------------
 # Voices
@@ -95,8 +129,8 @@ HELDOUT_VARIANTS = ["m4", "m8", "f3", "klatt3", "Annie", "quincy"]  # never in t
 SPEED_RANGE = (130, 200)  # words per minute (espeak -s)
 PITCH_RANGE = (30, 70)  # espeak -p (0-99)
 
-ESPEAK_RATE = 22050
 TARGET_RATE = 16000
+DEFAULT_SYNTH_WEIGHTS = {"espeak": 0.4, "flite": 0.3, "festival": 0.3}
 
 # Augmentation (generation time)
 LEAD_RANGE = (0.05, 0.30)  # s of silence before the speech
@@ -104,6 +138,12 @@ TAIL_RANGE = (0.00, 0.30)  # s of extra silence after espeak's own ~0.35 s
 PEAK_DBFS_RANGE = (-24.0, -1.0)
 NOISE_PROB = 0.8
 SNR_RANGE = (20.0, 45.0)
+RT60_RANGE = (0.1, 0.6)  # s; reverberation (multi-synth corpus)
+REVERB_PROB = 0.25  # default with more than espeak-ng
+TELEPHONE_PROB = 0.15  # default with more than espeak-ng
+MULAW_PROB = 0.5  # of the telephone copies
+TELEPHONE_RATE = 8000
+TELEPHONE_BAND = (300.0, 3400.0)
 
 SPLIT_CODES = {"train": 1, "test_sentences": 2, "test_voices": 3}
 
@@ -430,39 +470,57 @@ def build_sentences(args, text_dir: Path) -> dict:
 # Stage 2: plan
 # --------------------------------------------------------------------------
 
-def plan_split(split: str, sentences: list[str], sources: dict, seed: int,
-               augment: bool) -> list[dict]:
-    rng = random.Random(seed * 1000 + SPLIT_CODES[split])
+def espeak_combos(split: str) -> list[tuple[str, str]]:
+    """(accent, variant) pairs: held-out ones for test_voices, train ones otherwise."""
     if split == "test_voices":
-        combos = ([(a, v) for a in HELDOUT_ACCENTS for v in TRAIN_VARIANTS + HELDOUT_VARIANTS]
-                  + [(a, v) for a in TRAIN_ACCENTS for v in HELDOUT_VARIANTS])
-    else:
-        combos = [(a, v) for a in TRAIN_ACCENTS for v in TRAIN_VARIANTS]
+        return ([(a, v) for a in HELDOUT_ACCENTS for v in TRAIN_VARIANTS + HELDOUT_VARIANTS]
+                + [(a, v) for a in TRAIN_ACCENTS for v in HELDOUT_VARIANTS])
+    return [(a, v) for a in TRAIN_ACCENTS for v in TRAIN_VARIANTS]
+
+
+def pick_voice(rng: random.Random, split: str, mix: dict) -> dict:
+    """Synthesizer, voice, rate and pitch of one utterance (espeak-only: the original draws)."""
+    names = list(mix)
+    synth = names[0] if len(names) == 1 else rng.choices(names, [mix[n] for n in names])[0]
+    if synth == "espeak":
+        accent, variant = rng.choice(espeak_combos(split))
+        return {"voice": accent, "variant": variant, "speed": rng.randint(*SPEED_RANGE),
+                "pitch": rng.randint(*PITCH_RANGE), "synth": synth}
+    train, held = synths.synth_voices(synth)
+    voice = rng.choice(held if split == "test_voices" else train)
+    f0 = synths.VOICE_F0[(synth, voice)]
+    return {"voice": voice, "variant": "default", "speed": None, "pitch": None, "synth": synth,
+            "stretch": round(rng.uniform(*synths.STRETCH_RANGE), 3),
+            "f0_hz": rng.randint(*f0) if f0 else None}
+
+
+def pick_augment(rng: random.Random, opts: dict) -> dict:
+    """Level, padding and noise (original draws), then room and telephone channel."""
+    if not opts["augment"]:
+        return {"gain_db": None, "noise": "none", "snr_db": None, "lead_s": 0.0, "tail_s": 0.0,
+                "reverb_rt60": None, "telephone": None}
+    noise = rng.choice(["white", "pink"]) if rng.random() < NOISE_PROB else "none"
+    it = {"gain_db": round(rng.uniform(*PEAK_DBFS_RANGE), 2), "noise": noise,
+          "snr_db": round(rng.uniform(*SNR_RANGE), 2) if noise != "none" else None,
+          "lead_s": round(rng.uniform(*LEAD_RANGE), 3), "tail_s": round(rng.uniform(*TAIL_RANGE), 3),
+          "reverb_rt60": None, "telephone": None}
+    if opts["reverb_prob"] > 0 and rng.random() < opts["reverb_prob"]:
+        it["reverb_rt60"] = round(rng.uniform(*RT60_RANGE), 3)
+    if opts["telephone_prob"] > 0 and rng.random() < opts["telephone_prob"]:
+        it["telephone"] = "8k_mulaw" if rng.random() < MULAW_PROB else "8k"
+    return it
+
+
+def plan_split(split: str, sentences: list[str], sources: dict, seed: int, opts: dict) -> list[dict]:
+    """One rendering per sentence; ``opts``: augment, mix {synth: weight}, reverb/telephone probs."""
+    rng = random.Random(seed * 1000 + SPLIT_CODES[split])
     items = []
     for i, text in enumerate(sentences):
-        accent, variant = rng.choice(combos)
         uid = f"{split}_{i:06d}"
-        it = {
-            "id": uid,
-            "audio_filepath": f"audio/{split}/{i // 1000:03d}/{uid}.flac",
-            "text": text,
-            "split": split,
-            "voice": accent,
-            "variant": variant,
-            "speed": rng.randint(*SPEED_RANGE),
-            "pitch": rng.randint(*PITCH_RANGE),
-        }
-        if augment:
-            noise = rng.choice(["white", "pink"]) if rng.random() < NOISE_PROB else "none"
-            it.update({
-                "gain_db": round(rng.uniform(*PEAK_DBFS_RANGE), 2),
-                "noise": noise,
-                "snr_db": round(rng.uniform(*SNR_RANGE), 2) if noise != "none" else None,
-                "lead_s": round(rng.uniform(*LEAD_RANGE), 3),
-                "tail_s": round(rng.uniform(*TAIL_RANGE), 3),
-            })
-        else:
-            it.update({"gain_db": None, "noise": "none", "snr_db": None, "lead_s": 0.0, "tail_s": 0.0})
+        it = {"id": uid, "audio_filepath": f"audio/{split}/{i // 1000:03d}/{uid}.flac",
+              "text": text, "split": split}
+        it.update(pick_voice(rng, split, opts["mix"]))
+        it.update(pick_augment(rng, opts))
         it["source"] = sources.get(text, "natural")
         it["seed"] = seed * 1000 + SPLIT_CODES[split]  # per-utterance noise seed base
         items.append(it)
@@ -473,22 +531,6 @@ def plan_split(split: str, sentences: list[str], sources: dict, seed: int,
 # Stage 3: audio
 # --------------------------------------------------------------------------
 
-def espeak_samples(text: str, accent: str, variant: str, speed: int, pitch: int) -> np.ndarray:
-    voice = accent if variant == "default" else f"{accent}+{variant}"
-    out = subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-p", str(pitch),
-                          "--stdout", text], capture_output=True, check=True).stdout
-    # espeak-ng writes a streaming WAV header with bogus sizes: find "data".
-    k = out.find(b"data")
-    if out[:4] != b"RIFF" or k < 0:
-        raise RuntimeError(f"espeak-ng gave no WAV for {voice!r}: {text!r}")
-    rate = int.from_bytes(out[24:28], "little")
-    if rate != ESPEAK_RATE:
-        raise RuntimeError(f"unexpected espeak rate {rate}")
-    pcm = out[k + 8:]
-    pcm = pcm[: len(pcm) // 2 * 2]
-    return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
-
-
 def _pink(n: int, rng: np.random.Generator) -> np.ndarray:
     spec = np.fft.rfft(rng.standard_normal(n))
     f = np.arange(len(spec), dtype=np.float64)
@@ -497,21 +539,56 @@ def _pink(n: int, rng: np.random.Generator) -> np.ndarray:
     return x / (x.std() + 1e-12)
 
 
-def render_one(it: dict, root: str) -> tuple[str, int]:
-    """Render one utterance (skipped when its file exists); returns (id, n_samples)."""
-    import soundfile as sf
+def reverberate(y: np.ndarray, rt60: float, rng: np.random.Generator) -> np.ndarray:
+    """Convolve with a synthetic room: direct path + exponentially decaying noise tail.
+
+    The tail starts 2-10 ms after the direct path, decays 60 dB in ``rt60`` seconds and
+    carries a random direct-to-reverberant ratio (-2..8 dB).  The output keeps the tail.
+    """
+    n = int(rt60 * 1.2 * TARGET_RATE)
+    t = np.arange(n) / TARGET_RATE
+    tail = rng.standard_normal(n) * np.exp(-math.log(1000.0) * t / rt60)
+    tail *= math.sqrt(10 ** (-rng.uniform(-2.0, 8.0) / 10) / np.sum(tail ** 2))
+    h = np.zeros(n + int(rng.uniform(0.002, 0.010) * TARGET_RATE))
+    h[0] = 1.0
+    h[len(h) - n:] += tail
+    m = len(y) + len(h) - 1
+    nfft = 1 << (m - 1).bit_length()
+    return np.fft.irfft(np.fft.rfft(y, nfft) * np.fft.rfft(h, nfft), nfft)[:m]
+
+
+def mulaw_roundtrip(x: np.ndarray, mu: float = 255.0) -> np.ndarray:
+    """G.711 mu-law: compress, quantise to 8 bits, expand (x in [-1, 1])."""
+    c = np.sign(x) * np.log1p(mu * np.minimum(np.abs(x), 1.0)) / math.log1p(mu)
+    q = np.round((c + 1) / 2 * 255) / 255 * 2 - 1
+    return np.sign(q) * np.expm1(np.abs(q) * math.log1p(mu)) / mu
+
+
+def telephone(y: np.ndarray, mulaw: bool) -> np.ndarray:
+    """Telephone channel: 8 kHz, 300-3400 Hz band, optional mu-law, back to 16 kHz."""
     import soxr
 
-    path = os.path.join(root, it["audio_filepath"])
-    if os.path.exists(path):  # files are written to .tmp and renamed: complete
-        try:
-            return it["id"], sf.info(path).frames
-        except Exception:
-            os.remove(path)  # unreadable: render again
-    x = espeak_samples(it["text"], it["voice"], it["variant"], it["speed"], it["pitch"])
-    y = soxr.resample(x, ESPEAK_RATE, TARGET_RATE, quality="HQ").astype(np.float64)
+    z = soxr.resample(y, TARGET_RATE, TELEPHONE_RATE, quality="HQ")
+    spec = np.fft.rfft(z)
+    f = np.fft.rfftfreq(len(z), 1 / TELEPHONE_RATE)
+    spec[(f < TELEPHONE_BAND[0]) | (f > TELEPHONE_BAND[1])] = 0
+    z = np.fft.irfft(spec, len(z))
+    if mulaw:
+        scale = 0.7 / max(np.abs(z).max(), 1e-9)  # a hot but unclipped line level
+        z = mulaw_roundtrip(z * scale) / scale
+    return soxr.resample(z, TELEPHONE_RATE, TARGET_RATE, quality="HQ")[: len(y)]
+
+
+def render_audio(it: dict) -> np.ndarray:
+    """Synthesize one plan item and apply its augmentation: int16 samples at TARGET_RATE."""
+    import soxr
+
+    x, rate = synths.synthesize(it)
+    y = (x if rate == TARGET_RATE else soxr.resample(x, rate, TARGET_RATE, quality="HQ")).astype(np.float64)
     num = int(it["id"].rsplit("_", 1)[1])
     rng = np.random.default_rng([it["seed"], num])
+    if it.get("reverb_rt60"):
+        y = reverberate(y, it["reverb_rt60"], np.random.default_rng([it["seed"], num, 1]))
     lead = np.zeros(int(round(it["lead_s"] * TARGET_RATE)))
     tail = np.zeros(int(round(it["tail_s"] * TARGET_RATE)))
     speech_power = float(np.mean(y[np.abs(y) > 0.01] ** 2)) if np.any(np.abs(y) > 0.01) else 1e-6
@@ -519,10 +596,25 @@ def render_one(it: dict, root: str) -> tuple[str, int]:
     if it["noise"] != "none":
         n = rng.standard_normal(len(y)) if it["noise"] == "white" else _pink(len(y), rng)
         y = y + n * math.sqrt(speech_power / 10 ** (it["snr_db"] / 10))
+    if it.get("telephone"):
+        y = telephone(y, it["telephone"] == "8k_mulaw")
     if it["gain_db"] is not None:
         y = y * (10 ** (it["gain_db"] / 20) / max(np.abs(y).max(), 1e-9))
     # +-0.5 LSB dither: no exact digital silence, even without noise
-    y16 = np.clip(np.round(y * 32767 + rng.uniform(-0.5, 0.5, len(y))), -32768, 32767).astype(np.int16)
+    return np.clip(np.round(y * 32767 + rng.uniform(-0.5, 0.5, len(y))), -32768, 32767).astype(np.int16)
+
+
+def render_one(it: dict, root: str) -> tuple[str, int]:
+    """Render one utterance (skipped when its file exists); returns (id, n_samples)."""
+    import soundfile as sf
+
+    path = os.path.join(root, it["audio_filepath"])
+    if os.path.exists(path):  # files are written to .tmp and renamed: complete
+        try:
+            return it["id"], sf.info(path).frames
+        except Exception:
+            os.remove(path)  # unreadable: render again
+    y16 = render_audio(it)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     sf.write(tmp, y16, TARGET_RATE, format="FLAC", subtype="PCM_16")
@@ -550,10 +642,10 @@ def _init_worker():
 # main
 # --------------------------------------------------------------------------
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="data/demo", help="output directory (default data/demo)")
-    ap.add_argument("--jobs", type=int, default=2, help="espeak-ng worker processes (default 2)")
+    ap.add_argument("--jobs", type=int, default=2, help="synthesizer worker processes (default 2)")
     ap.add_argument("--train-sentences", type=int, default=45000,
                     help="target number of distinct train sentences (default 45000)")
     ap.add_argument("--n-test", type=int, default=300, help="sentences per test split (default 300)")
@@ -562,24 +654,77 @@ def main(argv=None):
     ap.add_argument("--min-words", type=int, default=3)
     ap.add_argument("--max-words", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--no-augment", action="store_true", help="clean audio (no pad/gain/noise)")
+    ap.add_argument("--synths", default="espeak",
+                    help="comma-separated synthesizers among espeak,flite,festival (default espeak: "
+                         "the original espeak-only corpus)")
+    ap.add_argument("--synth-weights", default=",".join(f"{k}={v}" for k, v in DEFAULT_SYNTH_WEIGHTS.items()),
+                    help="sampling weight per synthesizer, NAME=W,... (default %(default)s; "
+                         "only the --synths ones are used)")
+    ap.add_argument("--reverb-prob", type=float, default=None,
+                    help=f"fraction of utterances through a synthetic room (default {REVERB_PROB} "
+                         "with more than espeak, 0 with espeak only)")
+    ap.add_argument("--telephone-prob", type=float, default=None,
+                    help=f"fraction of telephone-band (8 kHz) copies (default {TELEPHONE_PROB} "
+                         "with more than espeak, 0 with espeak only)")
+    ap.add_argument("--no-augment", action="store_true",
+                    help="clean audio (no pad/gain/noise/room/telephone)")
     ap.add_argument("--text-only", action="store_true", help="stop after the text stage")
     ap.add_argument("--limit", type=int, default=0, help="render only the first N per split (testing)")
     ap.add_argument("--force", action="store_true", help="delete <out> and start over")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    if shutil.which("espeak-ng") is None and not args.text_only:
-        sys.exit("espeak-ng not found: apt-get install -y espeak-ng")
 
-    out = Path(args.out)
-    if args.force and out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+def synth_options(args) -> dict:
+    """augment, mix {synth: weight} (normalised), reverb_prob, telephone_prob."""
+    names = [n.strip() for n in args.synths.split(",") if n.strip()]
+    bad = [n for n in names if n not in synths.SYNTHS]
+    if not names or bad or len(set(names)) != len(names):
+        sys.exit(f"--synths: expected distinct names among {','.join(synths.SYNTHS)}, got {args.synths!r}")
+    weights = dict(DEFAULT_SYNTH_WEIGHTS)
+    for kv in filter(None, args.synth_weights.split(",")):
+        k, _, v = kv.partition("=")
+        weights[k.strip()] = float(v)
+    total = sum(weights.get(n, 0.0) for n in names)
+    if total <= 0:
+        sys.exit(f"--synth-weights: no positive weight among {names}")
+    mix = {n: round(weights.get(n, 0.0) / total, 6) for n in names}
+    legacy = names == ["espeak"]
+    reverb = args.reverb_prob if args.reverb_prob is not None else (0.0 if legacy else REVERB_PROB)
+    phone = args.telephone_prob if args.telephone_prob is not None else (0.0 if legacy else TELEPHONE_PROB)
+    return {"augment": not args.no_augment, "mix": mix,
+            "reverb_prob": 0.0 if args.no_augment else reverb,
+            "telephone_prob": 0.0 if args.no_augment else phone}
+
+
+def check_synths(opts: dict) -> None:
+    for name in opts["mix"]:
+        if shutil.which(synths.BINARIES[name]) is None:
+            sys.exit(f"{synths.BINARIES[name]} not found: apt-get install -y {synths.PACKAGES[name]}")
+    if "festival" in opts["mix"]:
+        for voice in [*synths.FESTIVAL_VOICES[0], *synths.FESTIVAL_VOICES[1]]:
+            if not list(Path("/usr/share/festival/voices").glob(f"*/{voice}")):
+                sys.exit(f"festival voice {voice} not installed: apt-get install -y {synths.PACKAGES['festival']}")
+
+
+def corpus_config(args, opts: dict) -> dict:
+    """What the corpus means; the espeak-only default keeps the original keys (and hash)."""
     config = {k: getattr(args, k) for k in ("train_sentences", "n_test", "vocab_size",
                                             "min_words", "max_words", "seed", "no_augment")}
     config["voices"] = {"train_accents": TRAIN_ACCENTS, "heldout_accents": HELDOUT_ACCENTS,
                         "train_variants": TRAIN_VARIANTS, "heldout_variants": HELDOUT_VARIANTS,
                         "speed": SPEED_RANGE, "pitch": PITCH_RANGE}
+    if opts["mix"] != {"espeak": 1.0} or opts["reverb_prob"] or opts["telephone_prob"]:
+        config["synths"] = {
+            "mix": opts["mix"], "flite_voices": synths.FLITE_VOICES,
+            "festival_voices": synths.FESTIVAL_VOICES, "stretch": synths.STRETCH_RANGE,
+            "f0_hz": {f"{k[0]}/{k[1]}": v for k, v in synths.VOICE_F0.items()},
+            "reverb_prob": opts["reverb_prob"], "rt60_s": RT60_RANGE,
+            "telephone_prob": opts["telephone_prob"], "mulaw_prob": MULAW_PROB,
+            "telephone_band_hz": TELEPHONE_BAND}
+    return config
+
+
+def check_config(out: Path, config: dict) -> None:
     cfg_hash = hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
     cfg_file = out / "config.json"
     if cfg_file.exists():
@@ -589,6 +734,125 @@ def main(argv=None):
                      f"use --force to rebuild or another --out")
     else:
         cfg_file.write_text(json.dumps({"hash": cfg_hash, **config}, indent=1))
+
+
+def load_plan(out: Path, splits: dict, sources: dict, seed: int, opts: dict) -> dict:
+    plan_file = out / "plan.json"
+    if plan_file.exists():
+        return json.loads(plan_file.read_text())
+    plan = {name: plan_split(name, sents, sources, seed, opts) for name, sents in splits.items()}
+    tmp = plan_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(plan))
+    os.replace(tmp, plan_file)
+    return plan
+
+
+def render_split(name: str, items: list[dict], out: Path, jobs: int) -> None:
+    """Render (or reuse) every utterance of a split, then write its manifest."""
+    frames = {}
+    errors = []
+    t1 = time.time()
+    todo = [(it, str(out)) for it in items]
+    step = max(min(100, len(todo)), len(todo) // 40)
+    done_audio = 0.0
+    ctx = mp.get_context("fork")
+    with ctx.Pool(max(1, jobs), initializer=_init_worker) as pool:
+        for k, (uid, res) in enumerate(pool.imap_unordered(_worker, todo, chunksize=8), 1):
+            if isinstance(res, str):
+                errors.append((uid, res))
+            else:
+                frames[uid] = res
+                done_audio += res / TARGET_RATE
+            if k % step == 0 or k == len(todo):
+                el = time.time() - t1
+                eta = el / k * (len(todo) - k)
+                print(f"[audio:{name}] {k}/{len(todo)}  {done_audio / 3600:.2f} h  "
+                      f"{el:.0f}s elapsed, eta {eta:.0f}s", flush=True)
+    if errors:
+        for uid, e in errors[:10]:
+            print(f"  {uid}: {e}", file=sys.stderr)
+        sys.exit(f"{len(errors)} utterances failed in {name}; rerun to retry")
+    tmp = out / f"{name}.jsonl.tmp"
+    with open(tmp, "w") as f:
+        for it in items:
+            rec = {k: v for k, v in it.items() if k != "seed"}
+            rec["duration"] = round(frames[it["id"]] / TARGET_RATE, 4)
+            f.write(json.dumps(rec) + "\n")
+    os.replace(tmp, out / f"{name}.jsonl")
+
+
+def voice_table(out: Path) -> dict:
+    """{split: {"synth/voice": utterances}} from the manifests."""
+    table = {}
+    for name in ("train", "test_sentences", "test_voices"):
+        recs = [json.loads(ln) for ln in (out / f"{name}.jsonl").read_text().splitlines()]
+        table[name] = dict(sorted(collections.Counter(
+            f"{r.get('synth', 'espeak')}/{r['voice']}" for r in recs).items()))
+    return table
+
+
+def write_summary(out: Path, args, opts: dict, info: dict, t0: float) -> dict:
+    summary = {"splits": {}, "seconds_total": round(time.time() - t0, 1),
+               "sample_rate": TARGET_RATE, "format": "flac PCM_16 mono",
+               "synths": opts["mix"],
+               "train_accents": TRAIN_ACCENTS, "heldout_accents": HELDOUT_ACCENTS,
+               "train_variants": TRAIN_VARIANTS, "heldout_variants": HELDOUT_VARIANTS,
+               "speed_wpm": SPEED_RANGE, "pitch": PITCH_RANGE,
+               "augmentation": None if args.no_augment else {
+                   "where": "generation time (baked into the audio; values per manifest line)",
+                   "lead_s": LEAD_RANGE, "extra_tail_s": TAIL_RANGE,
+                   "peak_dbfs": PEAK_DBFS_RANGE, "noise_prob": NOISE_PROB,
+                   "noise_types": ["white", "pink"], "snr_db": SNR_RANGE,
+                   "reverb_prob": opts["reverb_prob"], "rt60_s": RT60_RANGE,
+                   "telephone_prob": opts["telephone_prob"], "mulaw_prob": MULAW_PROB},
+               "text": info}
+    for name in opts["mix"]:
+        if name != "espeak":
+            train, held = synths.synth_voices(name)
+            summary[f"{name}_voices"] = {"train": train, "heldout": held}
+    for name in ("train", "test_sentences", "test_voices"):
+        recs = [json.loads(ln) for ln in open(out / f"{name}.jsonl")]
+        hours = sum(r["duration"] for r in recs) / 3600
+        summary["splits"][name] = {"utterances": len(recs),
+                                   "sentences": len({r["text"] for r in recs}),
+                                   "hours": round(hours, 3),
+                                   "words": sum(len(r["text"].split()) for r in recs)}
+    summary["voices"] = voice_table(out)
+    (out / "corpus.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def print_summary(summary: dict, out: Path, t0: float) -> None:
+    print("\n=== corpus summary ===")
+    for name, s in summary["splits"].items():
+        print(f"{name:15s} {s['sentences']:6d} sentences {s['utterances']:6d} utterances "
+              f"{s['hours']:7.2f} h {s['words']:7d} words")
+    table = summary["voices"]
+    if len(summary["synths"]) > 1:
+        keys = sorted(set().union(*table.values()))
+        print(f"\n{'synth/voice':32s} {'train':>7s} {'test_sent':>9s} {'test_voic':>9s}")
+        for k in keys:
+            print(f"{k:32s} " + " ".join(f"{table[n].get(k, 0):>{w}d}" for n, w in
+                                        (("train", 7), ("test_sentences", 9), ("test_voices", 9))))
+    print(f"synthesizers: {summary['synths']}")
+    print(f"held-out accents: {HELDOUT_ACCENTS}; held-out variants: {HELDOUT_VARIANTS}"
+          + "".join(f"; held-out {n} voices: {summary[f'{n}_voices']['heldout']}"
+                    for n in ("flite", "festival") if f"{n}_voices" in summary))
+    print(f"augmentation: {'none' if summary['augmentation'] is None else 'generation time (see manifest fields)'}")
+    print(f"wrote {out}/{{train,test_sentences,test_voices}}.jsonl and corpus.json "
+          f"in {time.time() - t0:.0f}s")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    opts = synth_options(args)
+    if not args.text_only:
+        check_synths(opts)
+    out = Path(args.out)
+    if args.force and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    check_config(out, corpus_config(args, opts))
 
     t0 = time.time()
     text_dir = out / "text"
@@ -606,78 +870,10 @@ def main(argv=None):
 
     # sentence origin for the manifests: natural / clause / markov / template
     sources = dict(zip(splits["train"], (text_dir / "train_sources.txt").read_text().splitlines()))
-
-    plan_file = out / "plan.json"
-    if plan_file.exists():
-        plan = json.loads(plan_file.read_text())
-    else:
-        plan = {name: plan_split(name, sents, sources, args.seed, not args.no_augment)
-                for name, sents in splits.items()}
-        tmp = plan_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(plan))
-        os.replace(tmp, plan_file)
-
+    plan = load_plan(out, splits, sources, args.seed, opts)
     for name in ("test_sentences", "test_voices", "train"):
-        items = plan[name][: args.limit] if args.limit else plan[name]
-        frames = {}
-        errors = []
-        t1 = time.time()
-        todo = [(it, str(out)) for it in items]
-        step = max(min(100, len(todo)), len(todo) // 40)
-        done_audio = 0.0
-        ctx = mp.get_context("fork")
-        with ctx.Pool(max(1, args.jobs), initializer=_init_worker) as pool:
-            for k, (uid, res) in enumerate(pool.imap_unordered(_worker, todo, chunksize=8), 1):
-                if isinstance(res, str):
-                    errors.append((uid, res))
-                else:
-                    frames[uid] = res
-                    done_audio += res / TARGET_RATE
-                if k % step == 0 or k == len(todo):
-                    el = time.time() - t1
-                    eta = el / k * (len(todo) - k)
-                    print(f"[audio:{name}] {k}/{len(todo)}  {done_audio / 3600:.2f} h  "
-                          f"{el:.0f}s elapsed, eta {eta:.0f}s", flush=True)
-        if errors:
-            for uid, e in errors[:10]:
-                print(f"  {uid}: {e}", file=sys.stderr)
-            sys.exit(f"{len(errors)} utterances failed in {name}; rerun to retry")
-        tmp = out / f"{name}.jsonl.tmp"
-        with open(tmp, "w") as f:
-            for it in items:
-                rec = {k: v for k, v in it.items() if k != "seed"}
-                rec["duration"] = round(frames[it["id"]] / TARGET_RATE, 4)
-                f.write(json.dumps(rec) + "\n")
-        os.replace(tmp, out / f"{name}.jsonl")
-
-    # summary
-    summary = {"splits": {}, "seconds_total": round(time.time() - t0, 1),
-               "sample_rate": TARGET_RATE, "format": "flac PCM_16 mono",
-               "train_accents": TRAIN_ACCENTS, "heldout_accents": HELDOUT_ACCENTS,
-               "train_variants": TRAIN_VARIANTS, "heldout_variants": HELDOUT_VARIANTS,
-               "speed_wpm": SPEED_RANGE, "pitch": PITCH_RANGE,
-               "augmentation": None if args.no_augment else {
-                   "where": "generation time (baked into the audio; values per manifest line)",
-                   "lead_s": LEAD_RANGE, "extra_tail_s": TAIL_RANGE,
-                   "peak_dbfs": PEAK_DBFS_RANGE, "noise_prob": NOISE_PROB,
-                   "noise_types": ["white", "pink"], "snr_db": SNR_RANGE},
-               "text": info}
-    for name in ("train", "test_sentences", "test_voices"):
-        recs = [json.loads(ln) for ln in open(out / f"{name}.jsonl")]
-        hours = sum(r["duration"] for r in recs) / 3600
-        summary["splits"][name] = {"utterances": len(recs),
-                                   "sentences": len({r["text"] for r in recs}),
-                                   "hours": round(hours, 3),
-                                   "words": sum(len(r["text"].split()) for r in recs)}
-    (out / "corpus.json").write_text(json.dumps(summary, indent=1))
-    print("\n=== corpus summary ===")
-    for name, s in summary["splits"].items():
-        print(f"{name:15s} {s['sentences']:6d} sentences {s['utterances']:6d} utterances "
-              f"{s['hours']:7.2f} h {s['words']:7d} words")
-    print(f"held-out accents: {HELDOUT_ACCENTS}; held-out variants: {HELDOUT_VARIANTS}")
-    print(f"augmentation: {'none' if args.no_augment else 'generation time (see manifest fields)'}")
-    print(f"wrote {out}/{{train,test_sentences,test_voices}}.jsonl and corpus.json "
-          f"in {time.time() - t0:.0f}s")
+        render_split(name, plan[name][: args.limit] if args.limit else plan[name], out, args.jobs)
+    print_summary(write_summary(out, args, opts, info, t0), out, t0)
 
 
 if __name__ == "__main__":
