@@ -18,21 +18,9 @@ from ..model import ParakeetModel
 from ..precision import DTYPES, QUANTIZE, check_precision, parse_dtype, set_precision
 from ..tokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
-from .scheduler import QueueFullError, Scheduler
+from .scheduler import EngineError, QueueFull, Scheduler
 from .results import StreamResult
 from .sequence import Sequence, Status
-
-
-class EngineError(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class QueueFull(EngineError):
-    def __init__(self, message: str = "all slots are busy and the waiting queue is full"):
-        super().__init__("queue_full", message)
 
 
 def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dtype, cap: int = 4096) -> int:
@@ -178,10 +166,10 @@ class ASREngine:
             self._seqs[sid] = seq
         try:
             self.scheduler.add(seq)
-        except QueueFullError:
+        except QueueFull:
             with self._lock:
                 del self._seqs[sid]
-            raise QueueFull() from None
+            raise
         return sid
 
     def queue_position(self, sid: int) -> int:

@@ -22,8 +22,18 @@ DEAD = (Status.CANCELLED, Status.FAILED)
 BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
 
 
-class QueueFullError(RuntimeError):
-    pass
+class EngineError(Exception):
+    """What the engine refuses, with a stable code (the server's error codes reuse it)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class QueueFull(EngineError):
+    def __init__(self, message: str = "all slots are busy and the waiting queue is full"):
+        super().__init__("queue_full", message)
 
 
 @dataclass
@@ -80,13 +90,13 @@ class Scheduler:
 
     # --- admission and lifecycle (client threads) -------------------------------------
     def add(self, seq: Sequence) -> bool:
-        """Admit now (True) or queue (False); raises QueueFullError when the waiting queue is full."""
+        """Admit now (True) or queue (False); raises QueueFull when the waiting queue is full."""
         with self._cv:
             if self.free and not self.waiting:
                 self._admit(seq)
                 return True
             if len(self.waiting) >= self.max_queue:
-                raise QueueFullError("the waiting queue is full")
+                raise QueueFull()
             self.waiting.append(seq)
             return False
 
