@@ -24,6 +24,7 @@ POLICIES: dict[str, Policy] = {
     "invalid_samples": KEEP_OPEN,
     "stream_closed": KEEP_OPEN,
     "bad_state": KEEP_OPEN,
+    "input_audio_buffer_commit_empty": KEEP_OPEN,  # OpenAI Realtime: a commit with no audio
     # the connection cannot go on
     "invalid_utf8": Policy(True, 1007),
     "message_too_large": Policy(True, 1009),

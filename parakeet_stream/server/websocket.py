@@ -20,6 +20,7 @@ from .codes import ProtocolError, error_body
 from .guard import bearer_token, key_ok, origin_ok
 from .protocols import deepgram
 from .protocols.native import NativeSession
+from .protocols.openai_realtime import OpenAIRealtimeSession
 from .protocols.vllm import RealtimeSession
 from .session import ChannelClosed, SlowConsumer
 from .tcp import TCP_CLOSE, TCP_CLOSE_WAIT, socket_state
@@ -91,8 +92,18 @@ async def handle_request(ctx: ServerContext, request: WebSocketRequest) -> None:
         return
     ws = await request.accept()
     channel = WsChannel(ws, ctx.config.send_timeout)
-    session = RealtimeSession if target.path.rstrip("/") == REALTIME_PATH else NativeSession
-    await session(ctx, channel, query).run()
+    if target.path.rstrip("/") != REALTIME_PATH:
+        await NativeSession(ctx, channel, query).run()
+    elif is_openai(query):
+        await OpenAIRealtimeSession(ctx, channel).run()
+    else:
+        await RealtimeSession(ctx, channel, query).run()
+
+
+def is_openai(query: dict[str, str]) -> bool:
+    """/v1/realtime speaks OpenAI's dialect when the URL says so, as the openai SDK's always
+    does (`model=...` or `intent=transcription`); vLLM's clients send neither."""
+    return query.get("intent") == "transcription" or "model" in query
 
 
 async def _deepgram(ctx: ServerContext, request: WebSocketRequest, headers: dict[str, str], query: dict) -> None:
