@@ -256,6 +256,9 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=str(ROOT / "data" / "demo"))
     ap.add_argument("--out", default=str(ROOT / "weights" / "demo"), help="export folder")
     ap.add_argument("--work", default=None, help="checkpoints (default <data>/train)")
+    ap.add_argument("--init", default=None,
+                    help="start from this exported model folder (same config) instead of from scratch; "
+                         "only when --work holds no checkpoint")
     ap.add_argument("--minutes", type=float, default=0, help="stop after this many minutes (0: run until stopped)")
     ap.add_argument("--max-steps", type=int, default=0, help="stop at this step (0: no limit)")
     ap.add_argument("--threads", default="auto", help="torch threads: auto (default) or a number")
@@ -336,6 +339,10 @@ def main(argv=None) -> int:
           "started": datetime.now().isoformat(timespec="seconds")}
     ckpt = work / "last.pt"
     aug_rng = np.random.default_rng(args.seed + 12345)
+    if args.init and not ckpt.exists():
+        trainer.load_exported(Path(args.init))
+        ema.load_state_dict(model.state_dict())
+        log(f"[init] weights from {args.init} (optimiser state starts fresh)")
     if ckpt.exists():
         try:
             saved = torch.load(ckpt, map_location="cpu", weights_only=False)

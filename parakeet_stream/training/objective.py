@@ -7,7 +7,10 @@ Both losses are per-token (summed over the batch, divided by the number of targe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F
 
@@ -118,6 +121,17 @@ class Transducer(nn.Module):
         pe.out.bias.zero_()
         self.conv0_weight.copy_(pe.conv[0].weight)
         self.conv0_bias.zero_()
+        self.sync()
+
+    @torch.no_grad()
+    def load_exported(self, folder: Path) -> None:
+        """Weights of an exported model folder (float16, raw-space first conv) into the model,
+        and the first conv back into normalised coordinates (the inverse of `raw_conv0`)."""
+        state = load_file(str(folder / "model.safetensors"))
+        self.model.load_state_dict({k: v.float() for k, v in state.items()})
+        conv0 = self.model.encoder.pre_encode.conv[0]
+        self.conv0_weight.copy_(conv0.weight * self.in_std)
+        self.conv0_bias.copy_(conv0.bias + self.in_mean * conv0.weight.sum(dim=(1, 2, 3)))
         self.sync()
 
     def raw_conv0(self) -> tuple[torch.Tensor, torch.Tensor]:
