@@ -78,6 +78,24 @@ def score(refs: dict[str, str], hyps: dict[str, str]) -> dict:
             "errors": sum(f["errors"] for f in files.values()), "files": files}
 
 
+def load_recordings(data: Path) -> tuple[dict[str, str], dict]:
+    """(references, audio) by file id."""
+    refs = read_references(data)
+    audios, failed = load_audios([str(data / f"{fid}.wav") for fid in refs])
+    if failed:
+        sys.exit(f"unreadable: {[t.error for t in failed.values()]}")
+    return refs, {Path(k).stem: v for k, v in audios.items()}
+
+
+def offline_report(model: ParakeetModel, data: Path = LIBRIVOX) -> dict | None:
+    """The whole-utterance figure (what the trainer's README shows); None without the data."""
+    if not data.joinpath("transcription").is_file():
+        return None
+    refs, audios = load_recordings(data)
+    with torch.inference_mode():
+        return score(refs, {k: t.text for k, t in transcribe_offline(model, audios).items()})
+
+
 def model_digest(model: str) -> str | None:
     """First 12 hex digits of the weights' SHA-256 (weights/demo changes while it trains)."""
     path = Path(model) / "model.safetensors"
@@ -94,11 +112,7 @@ def main(argv=None) -> int:
     if not args.data.joinpath("transcription").is_file():
         sys.exit(f"no {args.data}/transcription: apt-get install -y pocketsphinx-testdata")
     single_threaded_host()
-    refs = read_references(args.data)
-    audios, failed = load_audios([str(args.data / f"{fid}.wav") for fid in refs])
-    if failed:
-        sys.exit(f"unreadable: {[t.error for t in failed.values()]}")
-    audios = {Path(k).stem: v for k, v in audios.items()}
+    refs, audios = load_recordings(args.data)
     model = set_precision(ParakeetModel.from_dir(args.model, args.device), args.dtype, args.quantize)
     options = engine_options(args) | {"dtype": model.encoder_dtype, "quantize": None}
     with ASREngine(model, args.device, max_num_streams=len(audios), max_queue=len(audios), **options) as engine:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import numpy as np
 import torch
@@ -69,6 +70,7 @@ from parakeet_stream.training.objective import (
     transcribe_offline,
 )
 from parakeet_stream.training.threads import ThreadGovernor
+from real_speech_wer import offline_report  # noqa: E402
 
 COMMAND = "python scripts/train_demo.py"
 
@@ -122,6 +124,13 @@ def evaluate(model: ParakeetModel, tok: Tokenizer, fs: FeatureSet, n: int | None
 # README
 # --------------------------------------------------------------------------
 
+def real_speech_row(real: dict | None) -> str:
+    if real is None:
+        return "| WER, real speech (LibriVox) | not measured: `apt-get install pocketsphinx-testdata` |"
+    return (f"| WER, real speech (Debian's 5 LibriVox recordings, {real['words']} words; reported, never "
+            f"trained or tuned on) | {100 * real['wer']:.1f}% |")
+
+
 def readme_text(st: dict, corpus: dict, cfg: ModelConfig, params: int, size: int, full: dict) -> str:
     sp = corpus.get("splits", {})
     tr, ts, tv = (sp.get(k, {}) for k in ("train", "test_sentences", "test_voices"))
@@ -153,6 +162,7 @@ utterance.
 |---|---|
 | WER, unseen sentences (test_sentences, all {full['sentences']['n']} utts, {full['sentences']['words']} words) | **{100 * full['sentences']['wer']:.1f}%** |
 | WER, unseen voices + sentences (test_voices, all {full['voices']['n']} utts, {full['voices']['words']} words) | **{100 * full['voices']['wer']:.1f}%** |
+{real_speech_row(full.get('real'))}
 | utterances ending with exactly one `<EOU>` (both test sets) | {100 * (full['sentences']['eou'] + full['voices']['eou']) / 2:.0f}% |
 | exported at | step {st['step']}, epoch {st['epoch'] + st['batch_in_epoch'] / max(1, st.get('batches_per_epoch', 1)):.2f}, {st['train_seconds'] / 3600:.2f} h of training ({st['audio_seconds'] / 3600:.0f} h of audio seen), {datetime.now():%Y-%m-%d %H:%M} |
 | trained on | CPU only ({os.cpu_count()} cores, shared with other work; torch threads chosen automatically), started {st['started'][:16].replace('T', ' ')} |
@@ -404,6 +414,7 @@ def main(argv=None) -> int:
             model.train()
             entry["full"] = {k: {kk: v[kk] for kk in ("wer", "eou", "n", "words")} for k, v in full.items()}
             export_copy = copy_model(best_model).eval()
+            full["real"] = offline_report(export_copy)
             size = export_model(export_copy, data / "tokenizer.model", out_dir)
             atomic_write(out_dir / "README.md", readme_text(st, corpus, cfg, params, size, full).encode())
             log(f"[export] {out_dir}: full test sets WER sentences {100 * full['sentences']['wer']:.1f}%, "
