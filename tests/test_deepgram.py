@@ -13,6 +13,7 @@ import soxr
 import trio
 from test_server_support import (  # noqa: F401 - fixtures are used by name
     engine,
+    hold_every_slot,
     result_tokens,
     running_server,
     sentence,
@@ -423,21 +424,9 @@ async def test_native_protocol_takes_telephony_audio(engine, sentence, encoding,
 
 async def test_queued_client_gets_only_deepgram_messages(engine, sentence):
     """While every slot is busy the native `queued` message is not sent on /v1/listen."""
-    from contextlib import AsyncExitStack
-
-    from test_server_support import Raw
-
     pcm = encode_audio(sentence, "pcm16")
     box: dict = {}
     release = trio.Event()
-
-    async def hold_every_slot(ctx, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with AsyncExitStack() as holders:
-            for _ in range(engine.stats()["max_num_streams"]):
-                conn = await holders.enter_async_context(Raw.open(url(ctx, "ws")))
-                await conn.until("hello")
-            task_status.started()
-            await release.wait()
 
     async def deepgram_client(ctx) -> None:
         worker = run_sdk(ctx, send_all_then_close(pcm, 16000, 2), encoding="linear16", sample_rate=16000)
@@ -446,7 +435,7 @@ async def test_queued_client_gets_only_deepgram_messages(engine, sentence):
     async with running_server(engine) as ctx:
         text, _ = await native_text(ctx, sentence)
         async with trio.open_nursery() as nursery:
-            await nursery.start(hold_every_slot, ctx)
+            await nursery.start(hold_every_slot, ctx, release)
             nursery.start_soon(deepgram_client, ctx)
             await trio.sleep(0.5)
             assert "messages" not in box  # still waiting for a slot

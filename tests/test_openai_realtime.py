@@ -16,6 +16,7 @@ import trio
 from test_deepgram import g711_table_encode
 from test_server_support import (  # noqa: F401 - fixtures are used by name
     Raw,
+    hold_every_slot,
     engine,
     pcm16_exact,
     running_server,
@@ -345,19 +346,9 @@ async def test_dialect_follows_the_url(engine):
 
 async def test_queued_session_waits_silently(engine, sentence):
     """While every slot is busy the OpenAI client gets no `queued` event; its audio is held."""
-    from contextlib import AsyncExitStack
-
     pcm = encode_audio(at_rate(sentence, RATE), "pcm16")
     box: dict = {}
     release = trio.Event()
-
-    async def hold_every_slot(ctx, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with AsyncExitStack() as holders:
-            for _ in range(engine.stats()["max_num_streams"]):
-                conn = await holders.enter_async_context(Raw.open(url(ctx, "ws")))
-                await conn.until("hello")
-            task_status.started()
-            await release.wait()
 
     async def openai_client(ctx) -> None:
         async def script(session: Session) -> None:
@@ -369,7 +360,7 @@ async def test_queued_session_waits_silently(engine, sentence):
     async with running_server(engine) as ctx:
         text = await native_text(ctx, pcm, RATE)
         async with trio.open_nursery() as nursery:
-            await nursery.start(hold_every_slot, ctx)
+            await nursery.start(hold_every_slot, ctx, release)
             nursery.start_soon(openai_client, ctx)
             await trio.sleep(0.5)
             assert "events" not in box  # still waiting for a slot

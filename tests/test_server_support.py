@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import numpy as np
@@ -177,6 +177,16 @@ async def transcribe_raw(address: str, samples: np.ndarray, paced: float = 0.0) 
         results = [m for m in await conn.until("result", is_final=True) if m["type"] == "result"]
         assert hello[-1]["sample_rate"] == 16000
         return results
+
+
+async def hold_every_slot(ctx, release: trio.Event, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Native WebSocket clients take every slot (started once they all have one) until `release`."""
+    async with AsyncExitStack() as holders:
+        for _ in range(ctx.engine.stats()["max_num_streams"]):
+            conn = await holders.enter_async_context(Raw.open(url(ctx, "ws")))
+            await conn.until("hello")
+        task_status.started()
+        await release.wait()
 
 
 def result_tokens(results: list[dict]) -> list[int]:

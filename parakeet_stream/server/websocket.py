@@ -21,7 +21,7 @@ from .guard import bearer_token, key_ok, origin_ok
 from .protocols import deepgram
 from .protocols.native import NativeSession
 from .protocols.openai_realtime import OpenAIRealtimeSession
-from .protocols.vllm import RealtimeSession
+from .protocols.vllm import VllmRealtimeSession
 from .session import ChannelClosed, SlowConsumer
 from .tcp import TCP_CLOSE, TCP_CLOSE_WAIT, socket_state
 
@@ -97,7 +97,7 @@ async def handle_request(ctx: ServerContext, request: WebSocketRequest) -> None:
     elif is_openai(query):
         await OpenAIRealtimeSession(ctx, channel).run()
     else:
-        await RealtimeSession(ctx, channel, query).run()
+        await VllmRealtimeSession(ctx, channel, query).run()
 
 
 def is_openai(query: dict[str, str]) -> bool:

@@ -21,7 +21,7 @@ VLLM_CODES = {
 }
 
 
-class RealtimeSession(Session):
+class VllmRealtimeSession(Session):
     protocol = "realtime"
 
     def __init__(self, ctx: ServerContext, channel: Channel, query: dict[str, str]) -> None:
