@@ -1,4 +1,5 @@
-"""One engine stream as a connection sees it: input accounting, resampling, results.
+"""One engine stream as a connection sees it: input accounting, resampling, results (text,
+and words with times: shared by every protocol).
 
 Audio a client sends is resampled at once and appended to one contiguous buffer
 (`pending`); it reaches the engine in pieces of at least MIN_PUSH_SECONDS, or all of it
@@ -28,6 +29,8 @@ TimedToken = tuple[int, float]  # (token id, stream seconds of its frame)
 
 
 class Wakeup:
+    """An edge-triggered wake-up that engine threads can fire into a trio task."""
+
     def __init__(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._event = trio.Event()
@@ -223,6 +226,11 @@ def timed_words(tokenizer, groups: list[list[TimedToken]], frame_seconds: float,
         if word := tokenizer.decode([token for token, _ in group]).strip():
             words.append({"word": word, "start": round(start, 3), "end": round(end, 3)})
     return words
+
+
+def text_tokens(tokenizer, result: StreamResult) -> list[TimedToken]:
+    """The result's tokens that are text (not <EOU>, <EOB> or blank), with their times."""
+    return [(t, s) for t, s in zip(result.token_ids, result.token_times) if not _special(tokenizer, t)]
 
 
 def _special(tokenizer, token: int) -> bool:

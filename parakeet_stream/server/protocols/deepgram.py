@@ -24,7 +24,7 @@ from ..codes import ProtocolError
 from ..context import ServerContext
 from ..guard import backlog_samples
 from ..session import Channel, Session
-from ..stream import EngineStream, group_words, timed_words
+from ..stream import EngineStream, group_words, text_tokens, timed_words
 from ..wire import decode_bytes, parse_sample_rate
 
 PATH = "/v1/listen"
@@ -202,8 +202,7 @@ class DeepgramSession(Session):
             await self.send(self.error_message(result.error, "inference failed for this stream"))
             return
         segment = self._segment
-        special = self._tokenizer.special_ids | {self._tokenizer.blank_id}
-        real = [(t, s) for t, s in zip(result.token_ids, result.token_times) if t not in special]
+        real = text_tokens(self._tokenizer, result)
         now = self._offset + min(result.audio_seconds, self._stream_seconds)
         await self._utterance_end(self._offset + real[0][1] if real else now)  # the gap, up to the next word
         if real and not segment.token_ids:

@@ -21,7 +21,7 @@ from ..codes import ProtocolError
 from ..context import ServerContext
 from ..guard import backlog_samples
 from ..session import Channel, Session
-from ..stream import EngineStream
+from ..stream import EngineStream, text_tokens
 from ..wire import decode_base64, decode_bytes, parse_sample_rate
 
 DEFAULT_RATE = 24000  # OpenAI's PCM rate
@@ -288,7 +288,7 @@ class OpenAIRealtimeSession(Session):
         if result.error:
             await self.send(self.error_message(result.error, "inference failed for this stream"))
             return
-        times = [s for t, s in zip(result.token_ids, result.token_times) if not self._special(t)]
+        times = [s for _, s in text_tokens(self._tokenizer, result)]
         if times or result.text:
             await self._transcribe(result.text, times[0] if times else 0.0)
         if result.utterance_end and self.turn_detection is not None and self._item is not None:
@@ -355,9 +355,6 @@ class OpenAIRealtimeSession(Session):
         self.stream = None
         self._offset += self._stream_seconds + self._cleared_seconds
         self._stream_seconds = self._cleared_seconds = 0.0
-
-    def _special(self, token: int) -> bool:
-        return token in self._tokenizer.special_ids or token == self._tokenizer.blank_id
 
     # -- messages ---------------------------------------------------------------------
     def error_message(self, code: str, message: str) -> dict:
