@@ -414,6 +414,7 @@ def main(argv=None) -> int:
             model.train()
             entry["full"] = {k: {kk: v[kk] for kk in ("wer", "eou", "n", "words")} for k, v in full.items()}
             export_copy = copy_model(best_model).eval()
+            export_copy.tokenizer = tok
             full["real"] = offline_report(export_copy)
             size = export_model(export_copy, data / "tokenizer.model", out_dir)
             atomic_write(out_dir / "README.md", readme_text(st, corpus, cfg, params, size, full).encode())
