@@ -350,7 +350,10 @@ def main(argv=None) -> int:
     ckpt = work / "last.pt"
     aug_rng = np.random.default_rng(args.seed + 12345)
     if args.init and not ckpt.exists():
-        trainer.load_exported(Path(args.init))
+        try:
+            trainer.load_exported(Path(args.init))
+        except (OSError, RuntimeError) as exc:  # no model folder, or another architecture
+            sys.exit(f"--init {args.init}: not a model folder of this configuration ({str(exc)[:200]})")
         ema.load_state_dict(model.state_dict())
         log(f"[init] weights from {args.init} (optimiser state starts fresh)")
     if ckpt.exists():

@@ -71,6 +71,7 @@ class Session:
         self.progress = Wakeup()  # the engine consumed audio
         self.stream: EngineStream | None = None
         self.pending_end: str | None = None  # close once the current stream's final is sent
+        self.held_audio: list[np.ndarray] = []  # sent while a finalized stream drains (hold_while_draining)
         self.end_reason: str | None = None
         self._end_message: dict | None = None
         self._nursery: trio.Nursery | None = None
@@ -258,6 +259,19 @@ class Session:
         stream.add(samples)
         if stream.limit_reached:
             self.pending_end = "max_stream_seconds"
+
+    def hold_while_draining(self, samples: np.ndarray) -> bool:
+        """For protocols that run several engine streams in turn on one connection: while the
+        current stream drains after its end, audio waits (within the stream's audio budget) for
+        the next one. True when `samples` were held; the protocol pushes `held_audio` later."""
+        stream = self.stream
+        if stream is None or not stream.finalized:
+            return False
+        held = sum(len(w) for w in self.held_audio) + len(samples)
+        if stream.model_samples(held) > backlog_samples(self.config):
+            raise ProtocolError("message_too_large", "too much audio sent while the previous segment finishes")
+        self.held_audio.append(samples)
+        return True
 
     # -- writing ----------------------------------------------------------------------
     async def _write_loop(self) -> None:

@@ -22,7 +22,6 @@ from ... import audio
 from .. import wire
 from ..codes import ProtocolError
 from ..context import ServerContext
-from ..guard import backlog_samples
 from ..session import Channel, Session
 from ..stream import EngineStream, group_words, text_tokens, timed_words
 from ..wire import decode_bytes, parse_sample_rate
@@ -144,7 +143,6 @@ class DeepgramSession(Session):
         self._last_final_word_end: float | None = None  # awaiting its UtteranceEnd
         self._from_finalize = False
         self._closing = False
-        self._waiting: list[np.ndarray] = []  # audio sent while a finalized stream drains
 
     async def on_unit(self, unit: str | bytes) -> None:
         if isinstance(unit, bytes):
@@ -168,21 +166,14 @@ class DeepgramSession(Session):
             raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:40]!r}")
 
     async def _audio(self, samples: np.ndarray) -> None:
-        stream = self.stream
-        if stream is not None and stream.finalized:  # the next stream opens once this one is done
-            held = sum(len(w) for w in self._waiting) + len(samples)
-            if stream.model_samples(held) > self._budget():
-                raise ProtocolError("message_too_large", "too much audio sent while a Finalize drains")
-            self._waiting.append(samples)
+        if self.hold_while_draining(samples):  # the next stream opens once this one is done
             return
+        stream = self.stream
         if stream is None:
             stream = self.stream = self.open_stream(None, self.options.sample_rate)
             self._stream_seconds = 0.0
         await self.push(stream, samples)
         self._stream_seconds += len(samples) / self.options.sample_rate
-
-    def _budget(self) -> int:
-        return backlog_samples(self.config)
 
     def _finalize(self) -> bool:
         """End the current engine stream (flushing its words); False when there is none."""
@@ -278,7 +269,7 @@ class DeepgramSession(Session):
         if error:
             self.end(error)
             return
-        waiting, self._waiting = self._waiting, []
+        waiting, self.held_audio = self.held_audio, []
         for samples in waiting:  # within the budget: checked as it arrived
             await self._audio(samples)
         if self.pending_end or (self._closing and not self._finalize()):

@@ -19,7 +19,6 @@ import numpy as np
 from .. import wire
 from ..codes import ProtocolError
 from ..context import ServerContext
-from ..guard import backlog_samples
 from ..session import Channel, Session
 from ..stream import EngineStream, text_tokens
 from ..wire import decode_base64, decode_bytes, parse_sample_rate
@@ -143,8 +142,7 @@ class OpenAIRealtimeSession(Session):
         self._stream_seconds = 0.0  # audio appended to the current engine stream
         self._cleared_seconds = 0.0  # waiting audio dropped by a clear (it follows the stream)
         self._item_start = 0.0  # connection seconds where the next item starts
-        self._waiting: list[np.ndarray] = []  # appended while a committed stream drains
-        self._commit_waiting = False  # a commit of the waiting audio
+        self._commit_waiting = False  # a commit of the audio held while a committed stream drains
 
     # -- client events ----------------------------------------------------------------
     async def on_open(self) -> None:
@@ -230,13 +228,9 @@ class OpenAIRealtimeSession(Session):
         await self._audio(samples)
 
     async def _audio(self, samples: np.ndarray) -> None:
-        stream = self.stream
-        if stream is not None and stream.finalized:  # the next stream opens once this one is done
-            held = sum(len(w) for w in self._waiting) + len(samples)
-            if stream.model_samples(held) > backlog_samples(self.config):
-                raise ProtocolError("message_too_large", "too much audio appended while a commit drains")
-            self._waiting.append(samples)
+        if self.hold_while_draining(samples):  # the next stream opens once this one is done
             return
+        stream = self.stream
         if stream is None:
             stream = self.stream = self.open_stream(None, self.format.rate)
         await self.push(stream, samples)
@@ -245,7 +239,7 @@ class OpenAIRealtimeSession(Session):
     async def _commit(self) -> None:
         stream = self.stream
         if stream is not None and stream.finalized:
-            if not self._waiting:
+            if not self.held_audio:
                 raise self._empty_commit()
             self._commit_waiting = True  # taken up when the draining stream is done
             return
@@ -268,8 +262,8 @@ class OpenAIRealtimeSession(Session):
         """Drop the audio not yet committed: the waiting audio, or the current engine stream."""
         stream = self.stream
         if stream is not None and stream.finalized:
-            self._cleared_seconds += sum(len(w) for w in self._waiting) / self.format.rate
-            self._waiting, self._commit_waiting = [], False
+            self._cleared_seconds += sum(len(w) for w in self.held_audio) / self.format.rate
+            self.held_audio, self._commit_waiting = [], False
         elif stream is not None:
             self._retire(stream)
             self._end_stream()
@@ -278,7 +272,7 @@ class OpenAIRealtimeSession(Session):
         await self.send({"type": "input_audio_buffer.cleared", "event_id": event_id()})
 
     def _holds_audio(self) -> bool:
-        return self.stream is not None or bool(self._waiting)
+        return self.stream is not None or bool(self.held_audio)
 
     # -- results ----------------------------------------------------------------------
     async def on_admitted(self, stream: EngineStream) -> None:
@@ -344,7 +338,7 @@ class OpenAIRealtimeSession(Session):
         if self.pending_end:
             self.end(self.pending_end)
             return
-        waiting, self._waiting = self._waiting, []
+        waiting, self.held_audio = self.held_audio, []
         for samples in waiting:  # within the budget: checked as it arrived
             await self._audio(samples)
         if self._commit_waiting:
