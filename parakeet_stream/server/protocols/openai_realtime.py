@@ -91,7 +91,8 @@ def parse_format(value: Any) -> AudioFormat:
     try:
         return AudioFormat("pcm16", parse_sample_rate(value.get("rate", DEFAULT_RATE)))
     except ProtocolError as exc:
-        raise InvalidRequest("invalid_field", exc.message, "session.audio.input.format.rate") from None
+        message = exc.message.replace("'sample_rate'", "'format.rate'")
+        raise InvalidRequest("invalid_field", message, "session.audio.input.format.rate") from None
 
 
 def parse_turn_detection(value: Any) -> dict | None:
