@@ -353,6 +353,10 @@ def build_sentences(args, text_dir: Path) -> dict:
     test_pool = [s for s in natural if len(s.split()) >= 4]
     test_sentences = test_pool[:n_test]
     test_voices = test_pool[n_test:2 * n_test]
+    if args.test_text:  # an earlier corpus's test sentences: comparable figures, still unseen
+        test_dir = Path(args.test_text)
+        test_sentences, test_voices = ((test_dir / f"{name}.txt").read_text().splitlines()
+                                       for name in ("test_sentences", "test_voices"))
     held = set(test_sentences) | set(test_voices)
     train_natural = [s for s in natural if s not in held]
     print(f"[text] {len(raw)} raw fortune sentences, {len(counts)} word types, "
@@ -668,6 +672,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "with more than espeak, 0 with espeak only)")
     ap.add_argument("--no-augment", action="store_true",
                     help="clean audio (no pad/gain/noise/room/telephone)")
+    ap.add_argument("--test-text", default=None,
+                    help="take both test splits' sentences from this earlier corpus's text/ folder "
+                         "(kept out of train), so that WER figures compare across corpora")
     ap.add_argument("--text-only", action="store_true", help="stop after the text stage")
     ap.add_argument("--limit", type=int, default=0, help="render only the first N per split (testing)")
     ap.add_argument("--force", action="store_true", help="delete <out> and start over")
@@ -713,6 +720,9 @@ def corpus_config(args, opts: dict) -> dict:
     config["voices"] = {"train_accents": TRAIN_ACCENTS, "heldout_accents": HELDOUT_ACCENTS,
                         "train_variants": TRAIN_VARIANTS, "heldout_variants": HELDOUT_VARIANTS,
                         "speed": SPEED_RANGE, "pitch": PITCH_RANGE}
+    if args.test_text:
+        config["test_text"] = {name: hashlib.sha1((Path(args.test_text) / f"{name}.txt").read_bytes()).hexdigest()[:12]
+                               for name in ("test_sentences", "test_voices")}
     if opts["mix"] != {"espeak": 1.0} or opts["reverb_prob"] or opts["telephone_prob"]:
         config["synths"] = {
             "mix": opts["mix"], "flite_voices": synths.FLITE_VOICES,

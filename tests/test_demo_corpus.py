@@ -1,0 +1,50 @@
+"""The demo corpus's text stage and the trainer's --init guard (scripts/demo_data.py, train_demo.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FORTUNES = Path("/usr/share/games/fortunes")
+
+
+def text_stage(out: Path, *extra: str) -> Path:
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "demo_data.py"), "--out", str(out), "--text-only",
+                    "--train-sentences", "2000", "--n-test", "40", *extra], check=True, capture_output=True)
+    return out / "text"
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+@pytest.mark.skipif(not FORTUNES.is_dir(), reason="fortunes is not installed (scripts/test.sh installs it)")
+def test_test_text_reuses_an_earlier_corpus_test_sentences_and_keeps_them_out_of_train(tmp_path):
+    first = text_stage(tmp_path / "a")
+    wider = text_stage(tmp_path / "b", "--vocab-size", "6000", "--test-text", str(first))
+    for name in ("test_sentences", "test_voices"):
+        assert lines(wider / f"{name}.txt") == lines(first / f"{name}.txt")
+    held = set(lines(first / "test_sentences.txt")) | set(lines(first / "test_voices.txt"))
+    assert len(held) == 80
+    assert not held & set(lines(wider / "train.txt"))
+    # a wider vocabulary is what the option is for: the train text now uses words the first lacks
+    assert set(lines(wider / "vocab.txt")) > set(lines(first / "vocab.txt"))
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert set(config["test_text"]) == {"test_sentences", "test_voices"}
+    # without the option the wider corpus would draw other test sentences
+    own = text_stage(tmp_path / "c", "--vocab-size", "6000")
+    assert lines(own / "test_sentences.txt") != lines(first / "test_sentences.txt")
+
+
+def test_init_refuses_a_data_folder_with_another_tokenizer(tmp_path):
+    (tmp_path / "tokenizer.model").write_bytes(b"not the demo model's tokenizer")
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_demo.py"), "--data", str(tmp_path),
+                          "--init", str(ROOT / "weights" / "demo"), "--nice", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "another tokenizer than the model's" in run.stderr
+    assert (tmp_path / "tokenizer.model").read_bytes() == b"not the demo model's tokenizer"
