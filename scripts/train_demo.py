@@ -48,6 +48,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
+# Large tensors in transparent huge pages: a step's fresh [B, T, U, V] joint tensors otherwise
+# cost ~180k page faults/s (30% of the CPU in the kernel); 1.32 -> 1.07 s/step on 2 cores.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import numpy as np
 import torch
