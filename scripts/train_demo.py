@@ -182,7 +182,7 @@ def readme_text(st: dict, corpus: dict, cfg: ModelConfig, params: int, size: int
     enc, dec = cfg.encoder, cfg.decoder
     return f"""# Demo model (bundled)
 
-A tiny streaming RNN-T trained from scratch on synthetic **{synth_names(corpus)}** speech, so that the
+A tiny streaming RNN-T trained by this project on synthetic **{synth_names(corpus)}** speech, so that the
 server, the tests and the examples work without downloading anything. It recognises
 synthetic English over a ~{corpus.get('text', {}).get('vocab_size', 3000):,}-word vocabulary; it is NOT a general speech recogniser (use
 `small` / `large`, converted from NVIDIA's checkpoints, for real speech).
