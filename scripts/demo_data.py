@@ -6,6 +6,8 @@ One command, idempotent and resumable::
     python scripts/demo_data.py                 # -> data/demo/ (espeak-ng only, as always)
     python scripts/demo_data.py --jobs 1        # gentler on a shared machine
     python scripts/demo_data.py --out data/demo_multi --synths espeak,flite,festival
+    python scripts/demo_data.py --out data/demo_multi --vocab-size 10000 --test-text data/demo/text
+                                                # same test sentences as data/demo (comparable WER)
 
 Synthesizers (``--synths``; the default ``espeak`` is the original espeak-only
 corpus, whose configuration hash and plan are unchanged).  The corpus build needs

@@ -31,7 +31,7 @@ def test_test_text_reuses_an_earlier_corpus_test_sentences_and_keeps_them_out_of
     held = set(lines(first / "test_sentences.txt")) | set(lines(first / "test_voices.txt"))
     assert len(held) == 80
     assert not held & set(lines(wider / "train.txt"))
-    # a wider vocabulary is what the option is for: the train text now uses words the first lacks
+    # a wider vocabulary is what the option is for
     assert set(lines(wider / "vocab.txt")) > set(lines(first / "vocab.txt"))
     config = json.loads((tmp_path / "b" / "config.json").read_text())
     assert set(config["test_text"]) == {"test_sentences", "test_voices"}
