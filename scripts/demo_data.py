@@ -857,6 +857,11 @@ def print_summary(summary: dict, out: Path, t0: float) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.test_text:
+        missing = [n for n in ("test_sentences.txt", "test_voices.txt") if not (Path(args.test_text) / n).is_file()]
+        if missing:
+            sys.exit(f"--test-text {args.test_text}: no {' or '.join(missing)} there "
+                     "(expected an earlier corpus's text/ folder)")
     opts = synth_options(args)
     if not args.text_only:
         check_synths(opts)

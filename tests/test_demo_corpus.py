@@ -48,3 +48,13 @@ def test_init_refuses_a_data_folder_with_another_tokenizer(tmp_path):
     assert run.returncode != 0
     assert "another tokenizer than the model's" in run.stderr
     assert (tmp_path / "tokenizer.model").read_bytes() == b"not the demo model's tokenizer"
+
+
+def test_test_text_without_test_splits_is_refused_in_one_line(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo_data.py"), "--out", str(tmp_path / "c"),
+                          "--text-only", "--test-text", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines() == [
+        f"--test-text {tmp_path}: no test_sentences.txt or test_voices.txt there "
+        "(expected an earlier corpus's text/ folder)"]
+    assert not (tmp_path / "c").exists()
