@@ -224,13 +224,42 @@ def spec_augment(x: np.ndarray, rng: np.random.Generator, freq_masks: int = 2, f
     return x
 
 
+def warp_source_bins(n_bins: int, alpha: float, boundary: float = 0.8) -> np.ndarray:
+    """Fractional source bin for each output bin of a frequency warp by `alpha`.
+
+    Piecewise linear (as in VTLP): bins below `boundary` of the range read bin k / alpha,
+    the rest are stretched so the top bin stays the top bin.  alpha > 1 moves the
+    spectrum up (a shorter vocal tract), alpha < 1 down.
+    """
+    top = n_bins - 1
+    b = boundary * top
+    k = np.arange(n_bins, dtype=np.float64)
+    high = b / alpha + (k - b) * (top - b / alpha) / (top - b)
+    return np.clip(np.where(k <= b, k / alpha, high), 0, top)
+
+
+def freq_warp(x: np.ndarray, alpha: float) -> np.ndarray:
+    """Log-mel frames [T, F] as another speaker's (vocal tract length perturbation)."""
+    src = warp_source_bins(x.shape[1], alpha)
+    lo = np.floor(src).astype(np.int64)
+    hi = np.minimum(lo + 1, x.shape[1] - 1)
+    w = (src - lo).astype(x.dtype)
+    return x[:, lo] * (1 - w) + x[:, hi] * w
+
+
 def collate(fs: FeatureSet, targets: list[list[int]], batch: list[Example], rng: np.random.Generator,
-            eou_id: int, augment: bool = True, end_frame_prob: float = 0.5):
-    """-> feats [B, T, F] float32, lengths [B], targets [B, U] long (0-padded), target lengths [B]."""
+            eou_id: int, augment: bool = True, end_frame_prob: float = 0.5, max_warp: float = 0.0):
+    """-> feats [B, T, F] float32, lengths [B], targets [B, U] long (0-padded), target lengths [B].
+
+    `max_warp`: with augmentation, each example's frequency axis is warped by a factor drawn
+    from [1 - max_warp, 1 + max_warp] (new speakers out of the synthesizers' few voices).
+    """
     xs, ys = [], []
     for ex in batch:
         x = example_features(fs, ex, rng)
         if augment:
+            if max_warp:
+                x = freq_warp(x, rng.uniform(1 - max_warp, 1 + max_warp))
             x = spec_augment(x, rng)
             if rng.random() < end_frame_prob:
                 # a streaming session ends with one all-zero feature frame (NeMo's zero-masked
