@@ -342,6 +342,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ema", type=float, default=0.998)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
+    if not 0 <= args.freq_warp < 0.5:
+        sys.exit(f"--freq-warp {args.freq_warp}: must be at least 0 (off) and below 0.5")
 
     t_start = time.monotonic()
     if args.nice:

@@ -1,4 +1,4 @@
-"""The demo corpus's text stage and the trainer's --init guard (scripts/demo_data.py, train_demo.py)."""
+"""The demo corpus's text stage and the trainer's guards: --init tokenizer, --freq-warp (scripts/demo_data.py, train_demo.py)."""
 from __future__ import annotations
 
 import json
@@ -58,3 +58,12 @@ def test_test_text_without_test_splits_is_refused_in_one_line(tmp_path):
         f"--test-text {tmp_path}: no test_sentences.txt or test_voices.txt there "
         "(expected an earlier corpus's text/ folder)"]
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("warp", ["0.5", "-0.1"])
+def test_an_impossible_frequency_warp_is_refused_in_one_line(tmp_path, warp):
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_demo.py"), "--data", str(tmp_path / "d"),
+                          "--freq-warp", warp, "--nice", "0"], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines() == [f"--freq-warp {float(warp)}: must be at least 0 (off) and below 0.5"]
+    assert not (tmp_path / "d").exists()
