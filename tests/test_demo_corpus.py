@@ -1,4 +1,5 @@
-"""The demo corpus's text stage and the trainer's guards: --init tokenizer, --freq-warp (scripts/demo_data.py, train_demo.py)."""
+"""The demo corpus's text stage (scripts/demo_data.py) and the trainer's guards (train_demo.py:
+--init with another tokenizer, --freq-warp out of range)."""
 from __future__ import annotations
 
 import json
