@@ -1,5 +1,5 @@
 """The demo corpus's text stage (scripts/demo_data.py) and the trainer's guards (train_demo.py:
---init with another tokenizer, --freq-warp out of range)."""
+--init with another tokenizer, --freq-warp out of range, a cooldown longer than the budget)."""
 from __future__ import annotations
 
 import json
@@ -67,4 +67,15 @@ def test_an_impossible_frequency_warp_is_refused_in_one_line(tmp_path, warp):
                           "--freq-warp", warp, "--nice", "0"], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
     assert run.stderr.strip().splitlines() == [f"--freq-warp {float(warp)}: must be at least 0 (off) and below 0.5"]
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("extra", [["--cooldown-minutes", "30", "--minutes", "20"], ["--cooldown-minutes", "5"],
+                                   ["--cooldown-minutes", "-1", "--minutes", "20"]])
+def test_a_cooldown_longer_than_the_budget_is_refused_in_one_line(tmp_path, extra):
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_demo.py"), "--data", str(tmp_path / "d"),
+                          *extra, "--nice", "0"], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    [line] = run.stderr.strip().splitlines()
+    assert line.startswith(f"--cooldown-minutes {float(extra[1])}: needs a --minutes budget at least as long")
     assert not (tmp_path / "d").exists()
