@@ -347,10 +347,10 @@ def main(argv=None) -> int:
     if not 0 <= args.freq_warp < 0.5:
         sys.exit(f"--freq-warp {args.freq_warp}: must be at least 0 (off) and below 0.5")
     if args.cooldown_minutes and not 0 < args.cooldown_minutes <= args.minutes:
-        sys.exit(f"--cooldown-minutes {args.cooldown_minutes}: needs a --minutes budget at least as long "
-                 f"(--minutes {args.minutes})")
+        sys.exit(f"--cooldown-minutes {args.cooldown_minutes:g}: must be above 0 and within the --minutes budget "
+                 f"({args.minutes:g}; 0 means no budget)")
 
-    t_start = time.monotonic()
+    deadline = time.monotonic() + 60 * args.minutes if args.minutes else math.inf
     if args.nice:
         try:
             os.nice(args.nice)
@@ -517,8 +517,7 @@ def main(argv=None) -> int:
         x, xl, y, yl = collate(train, targets, batch, aug_rng, tok.eou_id, augment=not warm,
                                max_warp=args.freq_warp)
         lr = learning_rate(st["step"], peak=args.lr, warmup=args.warmup, floor=args.min_lr,
-                           cooldown_s=60 * args.cooldown_minutes,
-                           seconds_left=t_start + 60 * args.minutes - time.monotonic() if args.minutes else math.inf)
+                           cooldown_s=60 * args.cooldown_minutes, seconds_left=deadline - time.monotonic())
         for g in opt.param_groups:
             g["lr"] = lr
         out = trainer(x, xl, y, yl, ctc_weight=args.warm_ctc_weight if warm else args.ctc_weight)
@@ -561,7 +560,7 @@ def main(argv=None) -> int:
             acc = {k: 0.0 for k in acc} | {"n": 0}
             last_log = now
         gov.maybe_update()
-        budget_over = args.minutes and now - t_start >= 60 * args.minutes
+        budget_over = now >= deadline
         steps_over = args.max_steps and st["step"] >= args.max_steps
         if now - last_eval >= 60 * args.eval_minutes or budget_over or steps_over or stop["flag"]:
             run_eval()

@@ -1,5 +1,5 @@
 """The demo corpus's text stage (scripts/demo_data.py) and the trainer's guards (train_demo.py:
---init with another tokenizer, --freq-warp out of range, a cooldown longer than the budget)."""
+--init with another tokenizer, --freq-warp out of range, a cooldown outside the budget)."""
 from __future__ import annotations
 
 import json
@@ -41,11 +41,20 @@ def test_test_text_reuses_an_earlier_corpus_test_sentences_and_keeps_them_out_of
     assert lines(own / "test_sentences.txt") != lines(first / "test_sentences.txt")
 
 
+def train_demo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "train_demo.py"), *args, "--nice", "0"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def refused_in_one_line(run: subprocess.CompletedProcess) -> str:
+    assert run.returncode != 0
+    [line] = run.stderr.strip().splitlines()
+    return line
+
+
 def test_init_refuses_a_data_folder_with_another_tokenizer(tmp_path):
     (tmp_path / "tokenizer.model").write_bytes(b"not the demo model's tokenizer")
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_demo.py"), "--data", str(tmp_path),
-                          "--init", str(ROOT / "weights" / "demo"), "--nice", "0"],
-                         capture_output=True, text=True, timeout=120)
+    run = train_demo("--data", str(tmp_path), "--init", str(ROOT / "weights" / "demo"))
     assert run.returncode != 0
     assert "another tokenizer than the model's" in run.stderr
     assert (tmp_path / "tokenizer.model").read_bytes() == b"not the demo model's tokenizer"
@@ -63,19 +72,15 @@ def test_test_text_without_test_splits_is_refused_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("warp", ["0.5", "-0.1"])
 def test_an_impossible_frequency_warp_is_refused_in_one_line(tmp_path, warp):
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_demo.py"), "--data", str(tmp_path / "d"),
-                          "--freq-warp", warp, "--nice", "0"], capture_output=True, text=True, timeout=120)
-    assert run.returncode != 0
-    assert run.stderr.strip().splitlines() == [f"--freq-warp {float(warp)}: must be at least 0 (off) and below 0.5"]
+    run = train_demo("--data", str(tmp_path / "d"), "--freq-warp", warp)
+    assert refused_in_one_line(run) == f"--freq-warp {float(warp)}: must be at least 0 (off) and below 0.5"
     assert not (tmp_path / "d").exists()
 
 
-@pytest.mark.parametrize("extra", [["--cooldown-minutes", "30", "--minutes", "20"], ["--cooldown-minutes", "5"],
-                                   ["--cooldown-minutes", "-1", "--minutes", "20"]])
-def test_a_cooldown_longer_than_the_budget_is_refused_in_one_line(tmp_path, extra):
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_demo.py"), "--data", str(tmp_path / "d"),
-                          *extra, "--nice", "0"], capture_output=True, text=True, timeout=120)
-    assert run.returncode != 0
-    [line] = run.stderr.strip().splitlines()
-    assert line.startswith(f"--cooldown-minutes {float(extra[1])}: needs a --minutes budget at least as long")
+@pytest.mark.parametrize("cooldown, minutes", [("30", "20"), ("5", None), ("-1", "20")])
+def test_a_cooldown_outside_the_budget_is_refused_in_one_line(tmp_path, cooldown, minutes):
+    budget = ["--minutes", minutes] if minutes else []
+    run = train_demo("--data", str(tmp_path / "d"), "--cooldown-minutes", cooldown, *budget)
+    assert refused_in_one_line(run) == (f"--cooldown-minutes {cooldown}: must be above 0 and within the --minutes "
+                                        f"budget ({minutes or 0}; 0 means no budget)")
     assert not (tmp_path / "d").exists()
