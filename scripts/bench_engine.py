@@ -23,9 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from parakeet_stream.audio import read_audio
-from parakeet_stream.engine import ASREngine, single_threaded_host
-from parakeet_stream.model import ParakeetModel
-from parakeet_stream.precision import set_precision
+from parakeet_stream.engine import ASREngine
+from parakeet_stream.host import single_threaded_host
+from parakeet_stream.model.loading import load_model
+from parakeet_stream.model.parakeet import ParakeetModel
+from parakeet_stream.model.precision import set_precision
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,7 +124,7 @@ def main() -> None:
 
     def model(mode: str) -> ParakeetModel:
         dtype, quantize = ("float32", "int8") if mode == "int8" else (mode, None)
-        return set_precision(ParakeetModel.from_dir(args.model, args.device), dtype, quantize)  # a copy per mode
+        return set_precision(load_model(args.model, args.device), dtype, quantize)  # a copy per mode
 
     models = {mode: model(mode) for mode in args.modes} | {"baseline": model("float32")}
     options = {name: {"max_batch": 1} if name == "baseline" else {} for name in models}

@@ -14,12 +14,13 @@ import numpy as np
 import torch
 
 from bench_engine import speech
-from parakeet_stream.conformer import EncoderCache
-from parakeet_stream.engine import ASREngine, add_engine_arguments, single_threaded_host
-from parakeet_stream.engine.asr_engine import default_threads
-from parakeet_stream.model import ParakeetModel
-from parakeet_stream.precision import set_precision
-from parakeet_stream.transcribe import transcribe_streaming
+from parakeet_stream.model.conformer import EncoderCache
+from parakeet_stream.engine import ASREngine, add_engine_arguments
+from parakeet_stream.host import single_threaded_host, usable_cores
+from parakeet_stream.model.loading import load_model
+from parakeet_stream.model.parakeet import ParakeetModel
+from parakeet_stream.model.precision import set_precision
+from parakeet_stream.tools.transcribe import transcribe_streaming
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,8 +65,8 @@ def main() -> None:
     add_engine_arguments(ap)
     args = ap.parse_args()
     single_threaded_host()  # the step is timed here in the main thread, as one OpenMP team
-    model = set_precision(ParakeetModel.from_dir(args.model), args.dtype, args.quantize)
-    threads = args.threads or default_threads()
+    model = set_precision(load_model(args.model), args.dtype, args.quantize)
+    threads = args.threads or usable_cores()
     out = {"model": args.model, "dtype": args.dtype, "quantize": args.quantize, "threads": threads,
            "rtfx": {}, "encoder_step_ms": {}}
     for b in (1, 8):

@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np
 import torch
 
-from parakeet_stream.model import ParakeetModel
-from parakeet_stream.tokenizer import Tokenizer
+from parakeet_stream.model.parakeet import ParakeetModel
+from parakeet_stream.model.tokenizer import Tokenizer
 from parakeet_stream.training.data import FeatureSet, wer
 from parakeet_stream.training.objective import transcribe_offline
 

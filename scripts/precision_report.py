@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from parakeet_stream.audio import read_audio  # noqa: E402
-from parakeet_stream.convert import convert  # noqa: E402
+from parakeet_stream.tools.convert import convert  # noqa: E402
 from parakeet_stream.engine import ASREngine  # noqa: E402
 from parakeet_stream.training.data import edit_distance  # noqa: E402
-from parakeet_stream.transcribe import transcribe_streaming  # noqa: E402
+from parakeet_stream.tools.transcribe import transcribe_streaming  # noqa: E402
 from test_demo_model import FIXTURE, synth  # noqa: E402  (the tests' own espeak-ng rendering)
 
 MODES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "float16": ("float16", None),

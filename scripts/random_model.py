@@ -19,8 +19,8 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from parakeet_stream.config import ModelConfig
-from parakeet_stream.model import ParakeetModel
+from parakeet_stream.model.config import ModelConfig
+from parakeet_stream.model.parakeet import ParakeetModel
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "nemo"
 

@@ -33,12 +33,13 @@ from parakeet_stream.engine import (
     ASREngine,
     add_engine_arguments,
     engine_options,
-    single_threaded_host,
 )
-from parakeet_stream.model import ParakeetModel
-from parakeet_stream.precision import set_precision
+from parakeet_stream.host import single_threaded_host
+from parakeet_stream.model.loading import load_model
+from parakeet_stream.model.parakeet import ParakeetModel
+from parakeet_stream.model.precision import set_precision
 from parakeet_stream.training.data import edit_distance, wer
-from parakeet_stream.transcribe import (
+from parakeet_stream.tools.transcribe import (
     load_audios,
     transcribe_offline,
     transcribe_streaming,
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
         sys.exit(f"no {args.data}/transcription: apt-get install -y pocketsphinx-testdata")
     single_threaded_host()
     refs, audios = load_recordings(args.data)
-    model = set_precision(ParakeetModel.from_dir(args.model, args.device), args.dtype, args.quantize)
+    model = set_precision(load_model(args.model, args.device), args.dtype, args.quantize)
     options = engine_options(args) | {"dtype": model.encoder_dtype, "quantize": None}
     with ASREngine(model, args.device, max_num_streams=len(audios), max_queue=len(audios), **options) as engine:
         streaming = transcribe_streaming(engine, audios)

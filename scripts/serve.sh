@@ -14,7 +14,7 @@ for arg in "$@"; do
     case "$arg" in --model|--model=*) exec .venv/bin/parakeet-serve "$@" ;; esac
 done
 status=0
-.venv/bin/python -m parakeet_stream.hub small --fallback demo >/dev/null || status=$?
+.venv/bin/python -m parakeet_stream.tools.fetch small --fallback demo >/dev/null || status=$?
 case $status in
     0) exec .venv/bin/parakeet-serve --model small "$@" ;;
     3) exec .venv/bin/parakeet-serve --model demo "$@" ;;  # no network: the line above said so

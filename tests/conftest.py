@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from parakeet_stream.audio import read_audio
-from parakeet_stream.convert import convert
-from parakeet_stream.model import ParakeetModel
+from parakeet_stream.tools.convert import convert
+from parakeet_stream.model.parakeet import ParakeetModel
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NEMO = FIXTURES / "nemo"

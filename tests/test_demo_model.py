@@ -195,7 +195,7 @@ async def test_server_transports_give_parakeet_transcribe_text(engine, sentences
     )
 
     from parakeet_stream.audio import read_audio
-    from parakeet_stream.transcribe import transcribe_streaming
+    from parakeet_stream.tools.transcribe import transcribe_streaming
 
     audio = pcm16_exact(synth(sentences["seen_voices"][0], seed=0))
     wav = tmp_path / "s.wav"

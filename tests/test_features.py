@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from parakeet_stream.config import FeatureConfig
-from parakeet_stream.features import FeatureStream, LogMelFeatures
+from parakeet_stream.model.config import FeatureConfig
+from parakeet_stream.model.features import FeatureStream, LogMelFeatures
 
 
 @pytest.fixture(scope="module")

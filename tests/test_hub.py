@@ -24,8 +24,9 @@ import yaml
 from fakehub import FakeHub, Repo
 from safetensors.torch import load_file
 
-from parakeet_stream import hub as hubmod
-from parakeet_stream.model import ModelNotFound, resolve_model_dir
+from parakeet_stream.model import hub as hubmod
+from parakeet_stream.model.errors import ModelNotFound
+from parakeet_stream.model.loading import resolve_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 NEMO = ROOT / "tests" / "fixtures" / "nemo" / "eou_tiny.nemo"
@@ -100,7 +101,7 @@ def closed_port_url() -> str:
 @pytest.fixture(scope="module")
 def local_tokens(tiny_model_dir) -> list[int]:
     """What parakeet-transcribe gives for the sentence with the locally converted eou_tiny.nemo."""
-    result = run("parakeet_stream.transcribe", str(SENTENCE), "--model", str(tiny_model_dir), "--json",
+    result = run("parakeet_stream.tools.transcribe", str(SENTENCE), "--model", str(tiny_model_dir), "--json",
                  env=dict(os.environ))
     assert result.returncode == 0, result.stderr
     tokens = json.loads(result.stdout.splitlines()[-1])["token_ids"]
@@ -109,7 +110,7 @@ def local_tokens(tiny_model_dir) -> list[int]:
 
 
 def transcribe_tokens(model: str, env: dict) -> tuple[list[int], str]:
-    result = run("parakeet_stream.transcribe", str(SENTENCE), "--model", model, "--json", env=env)
+    result = run("parakeet_stream.tools.transcribe", str(SENTENCE), "--model", model, "--json", env=env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])["token_ids"], result.stderr
 
@@ -139,7 +140,7 @@ def test_first_load_converts_once_then_works_without_the_hub(hub, tmp_path, tiny
 
 
 def test_offline_with_empty_cache_fails_in_one_line(hub, tmp_path):
-    result = run("parakeet_stream.transcribe", str(SENTENCE), "--model", TINY,
+    result = run("parakeet_stream.tools.transcribe", str(SENTENCE), "--model", TINY,
                  env=hub_env(tmp_path, hub.url, HF_HUB_OFFLINE="1"))
     assert result.returncode == 2
     assert error_line(result).startswith("parakeet-transcribe: error: testorg/tiny-eou is not in the model cache")
@@ -149,11 +150,11 @@ def test_offline_with_empty_cache_fails_in_one_line(hub, tmp_path):
 
 def test_missing_repo_and_revision_fail_in_one_line(hub, tmp_path):
     env = hub_env(tmp_path, hub.url)
-    result = run("parakeet_stream.convert", "testorg/no-such-model", env=env)
+    result = run("parakeet_stream.tools.convert", "testorg/no-such-model", env=env)
     assert result.returncode == 1
     assert error_line(result) == (f"parakeet-convert: error: testorg/no-such-model: no such model on {hub.url} "
                                   "(a private one needs HF_TOKEN)")
-    result = run("parakeet_stream.convert", f"{TINY}@v9", env=env)
+    result = run("parakeet_stream.tools.convert", f"{TINY}@v9", env=env)
     assert result.returncode == 1 and error_line(result).endswith("testorg/tiny-eou: no revision 'v9'")
     assert not (tmp_path / "hf" / "parakeet-stream").exists() or not any((tmp_path / "hf" / "parakeet-stream").iterdir())
 
@@ -169,7 +170,7 @@ def test_unreachable_hub_fails_in_one_line(tmp_path):
 def test_interrupted_download_leaves_no_entry_and_the_next_attempt_succeeds(hub, tmp_path, local_tokens):
     env = hub_env(tmp_path, hub.url)
     hub.cut(after=len(TINY_NEMO) // 3)
-    result = run("parakeet_stream.convert", TINY, env=env)
+    result = run("parakeet_stream.tools.convert", TINY, env=env)
     assert result.returncode == 1
     assert re.fullmatch(r"parakeet-convert: error: the download of testorg/tiny-eou was interrupted \(.*\); "
                         r"run the command again", error_line(result)), error_line(result)
@@ -179,7 +180,7 @@ def test_interrupted_download_leaves_no_entry_and_the_next_attempt_succeeds(hub,
     assert not list((tmp_path / "hf").rglob("*.nemo")) and not list((tmp_path / "hf").rglob("*.incomplete"))
 
     hub.cut(None)
-    result = run("parakeet_stream.convert", TINY, env=env)
+    result = run("parakeet_stream.tools.convert", TINY, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"wrote {repo_dir / hub.repos[TINY].commit}:")
     tokens, _ = transcribe_tokens(TINY, env | {"HF_HUB_OFFLINE": "1"})
@@ -187,7 +188,7 @@ def test_interrupted_download_leaves_no_entry_and_the_next_attempt_succeeds(hub,
 
 
 def test_unsupported_model_refused_before_its_weights(hub, tmp_path):
-    result = run("parakeet_stream.convert", NOT_STREAMING, env=hub_env(tmp_path, hub.url))
+    result = run("parakeet_stream.tools.convert", NOT_STREAMING, env=hub_env(tmp_path, hub.url))
     assert result.returncode == 1
     assert error_line(result) == ("parakeet-convert: error: testorg/not-streaming: unsupported model: encoder is "
                                   "not cache-aware streaming (att_context_style is not chunked_limited)")

@@ -6,11 +6,11 @@ import pytest
 import torch
 from helpers import collect_until_final, run_stream, tokens_of
 
-from parakeet_stream.conformer import EncoderCache
+from parakeet_stream.model.conformer import EncoderCache
 from parakeet_stream.engine import ASREngine, chunker
 from parakeet_stream.engine.sequence import Sequence
-from parakeet_stream.features import FeatureStream
-from parakeet_stream.tokenizer import IncrementalDetokenizer
+from parakeet_stream.model.features import FeatureStream
+from parakeet_stream.model.tokenizer import IncrementalDetokenizer
 
 CASES = [
     ("eou_tiny", wav, mode) for wav in ("sentence", "pause", "noise") for mode in ("70,1",)

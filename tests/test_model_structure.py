@@ -11,9 +11,10 @@ import torch
 import yaml
 from conftest import NEMO
 
-from parakeet_stream.config import ModelConfig, UnsupportedModel
-from parakeet_stream.convert import ConvertError, convert, map_state_dict
-from parakeet_stream.model import ParakeetModel
+from parakeet_stream.model.config import ModelConfig, UnsupportedModel
+from parakeet_stream.model.convert import ConvertError, map_state_dict
+from parakeet_stream.tools.convert import convert
+from parakeet_stream.model.parakeet import ParakeetModel
 
 FULL = json.loads((NEMO / "full_size_keys.json").read_text())
 
@@ -96,7 +97,7 @@ def test_convert_errors_leave_nothing_behind(tmp_path):
 
 
 def test_cli_exit_code_and_one_line_error(tmp_path, capsys):
-    from parakeet_stream.convert import main
+    from parakeet_stream.tools.convert import main
 
     assert main([str(tmp_path / "nope.nemo"), str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err.strip().splitlines()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_server_support import ServerProcess
 
-from parakeet_stream.bench import ClientRecord, sent_at
+from parakeet_stream.tools.bench import ClientRecord, sent_at
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTENCE = ROOT / "tests" / "fixtures" / "audio" / "sentence.wav"
@@ -33,14 +33,14 @@ def one_line(stderr: str) -> str:
 
 
 def test_transcribe_a_directory_says_so(tiny_model_dir, tmp_path):
-    result = run("parakeet_stream.transcribe", str(tmp_path), "--model", str(tiny_model_dir))
+    result = run("parakeet_stream.tools.transcribe", str(tmp_path), "--model", str(tiny_model_dir))
     assert result.returncode == 1
     assert one_line(result.stderr) == (f"{tmp_path}: error: cannot read audio file {tmp_path}: it is a directory "
                                        f"(pass the files in it, e.g. {tmp_path}/*.wav)")
 
 
 @cpu_only
-@pytest.mark.parametrize("module", ["parakeet_stream.transcribe", "parakeet_stream.server.cli"])
+@pytest.mark.parametrize("module", ["parakeet_stream.tools.transcribe", "parakeet_stream.server.cli"])
 def test_cuda_on_cpu_only_torch_is_one_line(module, tiny_model_dir):
     args = [str(SENTENCE)] if module.endswith("transcribe") else ["--port", "0", "--ws-port", "0", "--http-port", "0"]
     result = run(module, *args, "--model", str(tiny_model_dir), "--device", "cuda")
@@ -80,7 +80,7 @@ def test_bench_defaults_and_no_matplotlib(tiny_model_dir, tmp_path):
     try:
         out = tmp_path / "bench"
         env = dict(os.environ, PYTHONPATH=str(blocker.parent))
-        result = run("parakeet_stream.bench", "--url", server.url("tcp"), "--clients", "1,2", "--seconds", "3",
+        result = run("parakeet_stream.tools.bench", "--url", server.url("tcp"), "--clients", "1,2", "--seconds", "3",
                      "--out", str(out), env=env)
     finally:
         server.close()

@@ -9,8 +9,8 @@ import torch
 from helpers import run_stream, tokens_of
 
 from parakeet_stream.engine import ASREngine
-from parakeet_stream.model import ParakeetModel
-from parakeet_stream.precision import PrecisionError, check_precision, parse_dtype
+from parakeet_stream.model.parakeet import ParakeetModel
+from parakeet_stream.model.precision import PrecisionError, check_precision, parse_dtype
 
 MODES = [("bfloat16", None), ("float16", None), ("float32", "int8")]
 

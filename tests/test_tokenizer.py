@@ -3,7 +3,7 @@ import random
 import pytest
 import sentencepiece as spm
 
-from parakeet_stream.tokenizer import IncrementalDetokenizer, Tokenizer
+from parakeet_stream.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
-from parakeet_stream.config import ModelConfig
-from parakeet_stream.model import ParakeetModel
+from parakeet_stream.model.config import ModelConfig
+from parakeet_stream.model.parakeet import ParakeetModel
 from parakeet_stream.training.export import export_model
 from parakeet_stream.training.objective import Transducer
 

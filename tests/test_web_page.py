@@ -334,7 +334,7 @@ def test_page_api_key_origin_and_queue(tiny_model_dir, browser):
 
 def transcribe_cli(wavs: list[Path], capsys) -> list[str]:
     """What `parakeet-transcribe --model weights/demo WAV...` prints, run in this process."""
-    from parakeet_stream import transcribe
+    from parakeet_stream.tools import transcribe
 
     capsys.readouterr()
     assert transcribe.main([*map(str, wavs), "--model", str(DEMO), "--device", "cpu", "--json"]) == 0

@@ -1,7 +1,7 @@
 """Multi-stream engine: Sequence, Scheduler, ModelRunner behind the ASREngine API."""
 
-from .asr_engine import ASREngine, EngineError, QueueFull, add_engine_arguments, engine_options, single_threaded_host
+from .asr_engine import ASREngine, EngineError, QueueFull, add_engine_arguments, engine_options
+from .info import EngineInfo
 from .results import StreamResult
 
-__all__ = ["ASREngine", "EngineError", "QueueFull", "StreamResult", "add_engine_arguments", "engine_options",
-           "single_threaded_host"]
+__all__ = ["ASREngine", "EngineError", "EngineInfo", "QueueFull", "StreamResult", "add_engine_arguments", "engine_options"]

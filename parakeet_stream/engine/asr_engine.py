@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
-import os
 import threading
 from pathlib import Path
 from typing import Callable
@@ -12,11 +12,14 @@ import numpy as np
 import torch
 
 from ..audio import check_samples
-from ..config import Lookahead
-from ..features import FeatureStream
-from ..model import ParakeetModel
-from ..precision import DTYPES, QUANTIZE, check_precision, parse_dtype, set_precision
-from ..tokenizer import IncrementalDetokenizer
+from ..model.config import Lookahead, parse_lookahead
+from ..model.features import FeatureStream
+from ..host import available_ram, usable_cores
+from ..model.loading import load_model
+from ..model.parakeet import ParakeetModel
+from ..model.precision import DTYPES, QUANTIZE, check_precision, parse_dtype, set_precision
+from ..model.tokenizer import IncrementalDetokenizer
+from .info import EngineInfo
 from .model_runner import ModelRunner
 from .scheduler import EngineError, QueueFull, Scheduler
 from .results import StreamResult
@@ -41,41 +44,23 @@ def add_engine_arguments(ap) -> None:
                     help="encoder precision (default float32: token-exact with NeMo; bfloat16 pays on CPUs with avx512_bf16/AMX)")
     ap.add_argument("--quantize", default=None, choices=QUANTIZE, help="dynamic int8 encoder matmuls (CPU only)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads per model stage on CPU (default: usable cores)")
+    ap.add_argument("--lookahead", "--att-context-size", type=_lookahead, default=None,
+                    help="default lookahead mode L,R (attention context frames), e.g. 70,1 (default: the model's first)")
     ap.add_argument("--latency-budget", type=float, default=None,
                     help="seconds a chunk may take from its last sample to its result; steps are batched within it "
                          "(default: two chunks)")
 
 
 def engine_options(args) -> dict:
-    return {"dtype": args.dtype, "quantize": args.quantize, "threads": args.threads, "latency_budget": args.latency_budget}
+    return {"dtype": args.dtype, "quantize": args.quantize, "threads": args.threads, "latency_budget": args.latency_budget,
+            "lookahead": args.lookahead}
 
 
-def single_threaded_host() -> None:
-    """Call first thing in a program that runs an ASREngine (before any torch work): keeps the
-    calling thread's torch ops single-threaded, so that the encode stage's OpenMP team is the
-    only one in the process. With a second team (libgomp counts every pool's threads) OpenMP
-    workers stop spinning between ops and every parallel op pays a wake-up: measured 1.7x
-    slower encoder steps on 2 cores (docs/performance.md)."""
-    torch.set_num_threads(1)
-
-
-def default_threads() -> int:
-    """Intra-op threads per stage: the cores this process may use."""
+def _lookahead(text: str) -> Lookahead:
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def available_ram() -> int | None:
-    """MemAvailable of this machine in bytes, or None where /proc/meminfo cannot tell."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+        return parse_lookahead(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
 
 
 class ASREngine:
@@ -98,7 +83,7 @@ class ASREngine:
         self.device = torch.device(device)
         check_precision(self.device, parse_dtype(dtype), quantize)  # before any weights move
         if not isinstance(model, ParakeetModel):
-            model = ParakeetModel.from_dir(model, self.device)
+            model = load_model(model, self.device)
         self.model = set_precision(model, dtype, quantize)
         self.default_lookahead = self._check_lookahead(lookahead or model.cfg.default_lookahead)
         if max_num_streams == "auto":
@@ -107,12 +92,20 @@ class ASREngine:
             latency_budget = 2 * min(self.chunk_seconds(m) for m in self.lookahead_modes)
         self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_budget, self.sample_rate, max_batch,
                                    max_in_flight=2)
-        self.runner = ModelRunner(model, self.scheduler, self._notify_all, endpoint_seconds, threads or default_threads())
+        self.runner = ModelRunner(model, self.scheduler, self._notify_all, endpoint_seconds, threads or usable_cores())
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._audio_seconds = 0.0
         self._started = False
+        self.info = EngineInfo(
+            sample_rate=self.sample_rate,
+            frame_seconds=model.frame_seconds,
+            tokenizer=model.tokenizer,
+            lookahead_modes=tuple(self.lookahead_modes),
+            default_lookahead=self.default_lookahead,
+            chunk_seconds={mode: self.chunk_seconds(mode) for mode in self.lookahead_modes},
+        )
 
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> "ASREngine":

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..features import LogMelFeatures
+from ..model.features import LogMelFeatures
 from .sequence import Sequence
 
 

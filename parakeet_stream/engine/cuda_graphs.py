@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from ..conformer import ConformerEncoder, EncoderCache
+from ..model.conformer import ConformerEncoder, EncoderCache
 
 log = logging.getLogger(__name__)
 

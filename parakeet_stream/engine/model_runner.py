@@ -21,9 +21,9 @@ from typing import Callable
 
 import torch
 
-from ..conformer import EncoderCache
-from ..model import ParakeetModel
-from ..rnnt import DecoderState
+from ..model.conformer import EncoderCache
+from ..model.parakeet import ParakeetModel
+from ..model.rnnt import DecoderState
 from . import chunker
 from .cuda_graphs import GraphedLayers
 from .results import ResultBuilder, StreamResult

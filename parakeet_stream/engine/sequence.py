@@ -17,9 +17,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..conformer import ChunkSpec
-from ..features import FeatureStream
-from ..tokenizer import IncrementalDetokenizer
+from ..model.conformer import ChunkSpec
+from ..model.features import FeatureStream
+from ..model.tokenizer import IncrementalDetokenizer
 from .results import MAX_PENDING_RESULTS, StreamResult
 
 

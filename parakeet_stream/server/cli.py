@@ -10,17 +10,18 @@ import trio
 
 from ..engine import (
     ASREngine,
+    EngineError,
     add_engine_arguments,
     engine_options,
-    single_threaded_host,
 )
-from ..model import DeviceError, ModelNotFound, check_device
-from ..precision import PrecisionError
+from ..host import single_threaded_host
+from ..model.device import check_device
+from ..model.errors import DeviceError, ModelNotFound
+from ..model.precision import PrecisionError
 from .app import serve
 from .codes import ProtocolError
 from .context import ServerConfig, ServerContext
 from .guard import memory_problem
-from .protocols.native import parse_lookahead
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
     p.add_argument("--max-num-streams", default="64", type=_slots, help="engine slots: a number or 'auto'")
     p.add_argument("--max-queue", type=int, default=256, help="streams that may wait for a slot")
-    p.add_argument("--lookahead", type=_lookahead, default=None, help="default mode 'L,R', e.g. 70,1")
     p.add_argument("--max-stream-seconds", type=float, default=3600.0, help="audio per stream (0: no limit)")
     p.add_argument("--idle-timeout", type=float, default=30.0, help="close a silent connection after this")
     p.add_argument("--send-timeout", type=float, default=5.0, help="close a client that stops reading after this")
@@ -56,13 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _slots(value: str) -> int | str:
     return value if value == "auto" else int(value)
-
-
-def _lookahead(value: str) -> tuple[int, int]:
-    try:
-        return parse_lookahead(value)
-    except ProtocolError:
-        raise argparse.ArgumentTypeError("expected 'L,R', e.g. 70,1") from None
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -140,10 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             max_num_streams=args.max_num_streams,
             max_queue=args.max_queue,
-            lookahead=args.lookahead,
             **engine_options(args),
         )
-    except (PrecisionError, DeviceError, ModelNotFound) as exc:
+    except (PrecisionError, DeviceError, ModelNotFound, EngineError) as exc:
         print(f"parakeet-serve: error: {exc}", file=sys.stderr)
         return 2
     print_config(args, engine.default_lookahead)

@@ -13,7 +13,7 @@ import math
 
 import trio
 
-from ..engine.asr_engine import available_ram
+from ..host import available_ram
 from .context import ServerConfig
 
 MODEL_RATE = 16000

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import FeatureConfig
-from ..features import LogMelFeatures
+from ..model.config import FeatureConfig
+from ..model.features import LogMelFeatures
 
 SHARD = 1000  # utterances per feature shard
 

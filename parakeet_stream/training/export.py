@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..model import ParakeetModel
+from ..model.parakeet import ParakeetModel
 
 
 def atomic_write(path: Path, data: bytes) -> None:

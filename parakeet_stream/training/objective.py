@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F
 
-from ..model import ParakeetModel
-from ..subsampling import CausalConv2d, CausalSubsampling
+from ..model.parakeet import ParakeetModel
+from ..model.subsampling import CausalConv2d, CausalSubsampling
 from .rnnt_loss import rnnt_logprobs, rnnt_loss_from_logprobs
 
 

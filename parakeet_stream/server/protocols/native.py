@@ -10,6 +10,8 @@ import numpy as np
 import trio
 
 from ... import audio
+from ...model import config as model_config
+from ...model.config import Lookahead
 from .. import wire
 from ..codes import ProtocolError, error_body
 from ..context import ServerContext
@@ -117,12 +119,11 @@ def parse_encoding(value: Any, code: str = "invalid_field") -> str:
     return value
 
 
-def parse_lookahead(value: Any) -> tuple[int, int]:
-    """'L,R' or [L, R] -> (L, R): attention context frames left and right."""
-    parts = [decimal(p.strip()) for p in value.split(",")] if isinstance(value, str) else value
-    if not isinstance(parts, list) or len(parts) != 2 or not all(_is_int(p) for p in parts):
-        raise ProtocolError("invalid_config", "'lookahead' must look like \"70,1\" or [70, 1]")
-    return int(parts[0]), int(parts[1])
+def parse_lookahead(value: Any) -> Lookahead:
+    try:
+        return model_config.parse_lookahead(value)
+    except ValueError:
+        raise ProtocolError("invalid_config", "'lookahead' must look like \"70,1\" or [70, 1]") from None
 
 
 def _is_int(value: Any) -> bool:

@@ -1,18 +1,15 @@
-"""`parakeet-convert SRC [DST_DIR]`: a NeMo `.nemo` checkpoint (or a Hugging Face model) to a model folder.
+"""A NeMo `.nemo` checkpoint to a model folder (config.json, model.safetensors, tokenizer.model), all or nothing.
 
-Writes config.json, model.safetensors and tokenizer.model into DST_DIR, all or nothing; a
-Hugging Face model without DST_DIR goes into the model cache (see hub.py).
-Pickled weights are only loaded with `torch.load(weights_only=True)`.
+Pickled weights are only loaded with `torch.load(weights_only=True)`. The command line is
+tools/convert.py (`parakeet-convert`).
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
 import io
 import re
 import shutil
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -24,7 +21,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from .config import ModelConfig, UnsupportedModel
-from .model import ModelNotFound, ParakeetModel
+from .parakeet import ParakeetModel
 
 
 class ConvertError(Exception):
@@ -136,17 +133,6 @@ def model_config(cfg_dict: dict, label: str) -> ModelConfig:
         raise ConvertError(f"{label}: model_config.yaml is incomplete ({exc})") from None
 
 
-def convert(src: str, dst: Path) -> ModelConfig:
-    """A .nemo file, or a hub name (ORG/NAME[@REVISION], small, large) downloaded first, into `dst`."""
-    path = Path(src)
-    if not path.exists():
-        from . import hub
-
-        if hub.is_hub_name(src):
-            path = hub.download(src)
-    return convert_nemo(path, dst, src)
-
-
 def convert_nemo(path: Path, dst: Path, label: str) -> ModelConfig:
     cfg_dict, state, tokenizer = read_nemo(path)
     cfg = model_config(cfg_dict, label)
@@ -179,33 +165,3 @@ def _write_atomically(dst: Path, cfg: ModelConfig, weights: dict, tokenizer: byt
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="parakeet-convert", description=__doc__.splitlines()[0])
-    ap.add_argument("src", help="a .nemo file, or a Hugging Face model: ORG/NAME[@REVISION], small or large")
-    ap.add_argument("dst", type=Path, nargs="?",
-                    help="output folder, e.g. weights/small (default for a hub model: the model cache, "
-                         "refreshed to the revision's newest commit)")
-    args = ap.parse_args(argv)
-    try:
-        if args.dst is None:
-            from . import hub
-
-            if Path(args.src).exists() or not hub.is_hub_name(args.src):
-                ap.error("DST is required when SRC is a .nemo file")
-            args.dst = hub.resolve(args.src, refresh=True)
-            cfg = ModelConfig.load(args.dst / "config.json")
-        else:
-            cfg = convert(args.src, args.dst)
-    except (ConvertError, ModelNotFound) as exc:
-        print(f"parakeet-convert: error: {exc}", file=sys.stderr)
-        return 1
-    enc = cfg.encoder
-    modes = " ".join(f"[{a},{b}]" for a, b in enc.att_context_sizes)
-    print(f"wrote {args.dst}: {enc.n_layers} layers x {enc.d_model}, lookahead modes {modes}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import trio
 
-from .audio import SAMPLE_RATE, AudioError, read_audio
-from .client import ClientError, connect, send_paced
+from ..audio import SAMPLE_RATE, AudioError, read_audio
+from ..client import ClientError, connect, send_paced
 
 PACKETS_MS = (20, 40, 80, 160)
-DEFAULT_AUDIO = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "audio" / "sentence.wav"
+DEFAULT_AUDIO = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "audio" / "sentence.wav"
 STATUS_EVERY_S = 0.5
 
 

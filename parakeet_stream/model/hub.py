@@ -29,13 +29,13 @@ from pathlib import Path
 
 import yaml
 
-from .model import NAMED_MODELS, ModelNotFound
+from .convert import ConvertError, convert_nemo, model_config
+from .errors import ModelNotFound
+from .registry import HUB_ALIASES as ALIASES
 
-ALIASES = {name: repo for name, repo in NAMED_MODELS.items() if "/" in repo}
 REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 REVISION = re.compile(r"[\w.-]+(/[\w.-]+)*")
 COMMIT = re.compile(r"[0-9a-f]{40}")
-UNREACHABLE = 3  # exit status of `python -m parakeet_stream.hub` when the hub cannot be reached
 MAX_TAR_MEMBERS = 64
 GIB = 1 << 30
 
@@ -149,7 +149,6 @@ def download_checkpoint(
         return Path(local)
     cfg = read_remote_config(repo, commit, filename)
     if cfg is not None:
-        from .convert import ConvertError, model_config
 
         try:
             model_config(cfg, repo)
@@ -199,7 +198,6 @@ def _read_range(url: str, start: int, length: int) -> bytes | None:
 
 
 def _convert_into(nemo: Path, folder: Path, label: str) -> None:
-    from .convert import ConvertError, convert_nemo
 
     print(f"converting {label} into {folder}", file=sys.stderr, flush=True)
     try:
@@ -314,34 +312,3 @@ def _short(exc: BaseException) -> str:
         exc = exc.__cause__
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m parakeet_stream.hub NAME [--fallback OTHER]`: make sure NAME is converted (scripts/serve.sh).
-
-    Prints the folder. Exit status 0 when it is ready, 3 when the hub cannot be reached (one
-    line says so, and that OTHER will be served instead), 1 on any other error.
-    """
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m parakeet_stream.hub")
-    ap.add_argument("name", help="ORG/NAME[@REVISION], small or large")
-    ap.add_argument("--fallback", help="named in the message when the hub cannot be reached")
-    args = ap.parse_args(argv)
-    from .model import resolve_model_dir  # (a converted weights/NAME folder needs no hub)
-
-    try:
-        print(resolve_model_dir(args.name))
-    except ModelNotFound as exc:
-        # (run as __main__, this module's classes are not the ones resolve_model_dir raises)
-        if getattr(exc, "unreachable", False):
-            instead = f"; serving the {args.fallback} model instead" if args.fallback else ""
-            print(f"no network: {exc}{instead}", file=sys.stderr)
-            return UNREACHABLE
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,6 +20,18 @@ class UnsupportedModel(ValueError):
 Lookahead = tuple[int, int]
 
 
+def parse_lookahead(value: object) -> Lookahead:
+    """'L,R' (the --lookahead flag, a URL or a message) or [L, R] (JSON) -> (L, R): attention
+    context frames left and right. ValueError says what it expects."""
+    if isinstance(value, str):
+        parts = value.split(",")
+        value = [int(p.strip()) if p.strip().isascii() and p.strip().isdigit() and len(p.strip()) <= 9 else None
+                 for p in parts]
+    if not isinstance(value, list) or len(value) != 2 or not all(type(p) is int and p >= 0 for p in value):
+        raise ValueError("expected 'L,R' such as 70,1")
+    return value[0], value[1]
+
+
 @dataclass(frozen=True)
 class FeatureConfig:
     sample_rate: int = 16000

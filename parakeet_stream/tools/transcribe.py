@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .audio import AudioError, read_audio
-from .engine import ASREngine, add_engine_arguments, engine_options, single_threaded_host
-from .model import ModelNotFound, ParakeetModel
-from .precision import set_precision
+from ..audio import AudioError, read_audio
+from ..engine import ASREngine, add_engine_arguments, engine_options
+from ..host import single_threaded_host
+from ..model.errors import ModelNotFound
+from ..model.loading import load_model
+from ..model.parakeet import ParakeetModel
+from ..model.precision import set_precision
 
 
 @dataclass
@@ -32,16 +35,6 @@ class Transcript:
 
     def as_json(self) -> str:
         return json.dumps({k: v for k, v in self.__dict__.items() if v is not None}, ensure_ascii=False)
-
-
-def parse_lookahead(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    try:
-        left, right = (int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected L,R such as 70,1, got {text!r}") from None
-    return left, right
 
 
 def transcribe_streaming(engine: ASREngine, audios: dict[str, np.ndarray], lookahead=None) -> dict[str, Transcript]:
@@ -115,7 +108,6 @@ def main(argv: list[str] | None = None) -> int:
                          "or a model folder (default: demo)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="torch device: cpu, cuda or cuda:N (default: cuda where available, else cpu)")
-    ap.add_argument("--att-context-size", type=parse_lookahead, default=None, help="lookahead mode L,R (default: the model's first)")
     ap.add_argument("--offline", action="store_true", help="whole-utterance forward instead of streaming")
     ap.add_argument("--json", action="store_true", help="one JSON object per file per line")
     ap.add_argument("--max-num-streams", type=int, default=32, help="files decoded together")
@@ -123,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     single_threaded_host()
     try:
-        model = set_precision(ParakeetModel.from_dir(args.model, args.device), args.dtype, args.quantize)
-        lookahead = model.encoder.check_lookahead(args.att_context_size)
+        model = set_precision(load_model(args.model, args.device), args.dtype, args.quantize)
+        lookahead = model.encoder.check_lookahead(args.lookahead)
     except (ModelNotFound, ValueError) as exc:  # (DeviceError and PrecisionError are ValueErrors)
         print(f"parakeet-transcribe: error: {exc}", file=sys.stderr)
         return 2
@@ -132,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if audios and args.offline:
         results.update(transcribe_offline(model, audios, lookahead))
     elif audios:
-        options = engine_options(args) | {"dtype": model.encoder_dtype, "quantize": None}  # already applied
+        options = engine_options(args) | {"dtype": model.encoder_dtype, "quantize": None, "lookahead": lookahead}  # already applied
         with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(audios), **options) as engine:
             results.update(transcribe_streaming(engine, audios, lookahead))
     for f in args.files:

@@ -1,0 +1,22 @@
+"""What the engine's users (server, tools) need to know about the model it serves, as one value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..model.config import Lookahead
+from ..model.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    sample_rate: int  # of the audio push_audio takes
+    frame_seconds: float  # stream seconds per encoder frame (token times are multiples of it)
+    tokenizer: Tokenizer | None
+    lookahead_modes: tuple[Lookahead, ...]
+    default_lookahead: Lookahead
+    chunk_seconds: dict[Lookahead, float]  # audio per encoder step in each mode
+
+    def modes_text(self) -> str:
+        """The lookahead modes as a user writes them: '70,1, 70,6'."""
+        return ", ".join(f"{left},{right}" for left, right in self.lookahead_modes)

@@ -1,0 +1,31 @@
+"""Checking a --device before any weights move to it."""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import DeviceError
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """`device` as a torch.device, or DeviceError with a one-line reason where this torch cannot use it."""
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise DeviceError(f"unknown device {str(device)!r} (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda":
+        if not torch.backends.cuda.is_built():
+            raise DeviceError(f"--device {device}: this torch {torch.__version__} is a CPU-only build "
+                              "(install a CUDA build of torch, or use --device cpu)")
+        if not torch.cuda.is_available():
+            raise DeviceError(f"--device {device}: no CUDA GPU is visible to torch (use --device cpu)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type not in ("cpu", "meta") and not _backend_available(device.type):
+        raise DeviceError(f"--device {device}: not available in this torch build")
+    return device
+
+
+def _backend_available(kind: str) -> bool:
+    backend = getattr(torch, kind, None) or getattr(torch.backends, kind, None)
+    return bool(backend is not None and getattr(backend, "is_available", lambda: False)())

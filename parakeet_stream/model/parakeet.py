@@ -1,0 +1,50 @@
+"""The whole model (features, encoder, greedy RNN-T decoder) and reading it from a model folder.
+
+A model folder holds `config.json`, `model.safetensors` and `tokenizer.model`; converted
+NVIDIA checkpoints and the bundled demo model load the same way. Names (`demo`, `small`,
+ORG/NAME) become folders in loading.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from .config import ModelConfig
+from .conformer import ConformerEncoder
+from .features import LogMelFeatures
+from .rnnt import GreedyDecoder
+from .tokenizer import Tokenizer
+
+
+class ParakeetModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.features = LogMelFeatures(cfg.features)
+        self.encoder = ConformerEncoder(cfg.encoder)
+        self.decoder = GreedyDecoder(cfg.encoder.d_model, cfg.decoder)
+        self.tokenizer: Tokenizer | None = None
+        self.encoder_dtype = torch.float32  # see precision.set_precision
+
+    @property
+    def frame_seconds(self) -> float:
+        """Stream seconds per encoder frame."""
+        f = self.cfg.features
+        return f.hop_length * self.cfg.encoder.subsampling_factor / f.sample_rate
+
+    @classmethod
+    def from_dir(cls, folder: str | Path, device: str | torch.device = "cpu", dtype=torch.float32) -> "ParakeetModel":
+        """The model in a model folder (a path; loading.load_model also takes names)."""
+        folder = Path(folder)
+        model = cls(ModelConfig.load(folder / "config.json"))
+        state = load_file(str(folder / "model.safetensors"))
+        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+        model.tokenizer = Tokenizer(folder / "tokenizer.model")
+        model.encoder_dtype = dtype
+        return model.to(device=device, dtype=dtype).eval()
+
+

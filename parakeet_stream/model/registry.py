@@ -1,0 +1,15 @@
+"""The named models: what `--model demo|small|large` means, in one table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO_WEIGHTS = Path(__file__).resolve().parents[2] / "weights"
+
+# name -> Hugging Face repository (None: bundled in the repository's weights/)
+NAMED_MODELS: dict[str, str | None] = {
+    "demo": None,
+    "small": "nvidia/parakeet_realtime_eou_120m-v1",
+    "large": "nvidia/nemotron-speech-streaming-en-0.6b",
+}
+HUB_ALIASES = {name: repo for name, repo in NAMED_MODELS.items() if repo is not None}
