@@ -9,13 +9,15 @@ AudioWorklet and streams binary PCM16 frames over the native WebSocket protocol.
 
 - `test_page_streams_captions`: the tiny fixture model; the whole start / results / stop /
   final cycle, the declared capture rate, the latency readout, and the default Origin
-  policy (--allowed-origins unset) accepting the page's own origin.
+  policy (--allowed-origins unset) accepting the page's own origin; no demo-model notice;
+  the footer at the bottom of a tall window.
 - `test_page_api_key_origin_and_queue`: `?api_key=` passed on to the WebSocket, a missing
   key refused, an explicit --allowed-origins enforced (the same page opened through
   `localhost` is a different origin), and "waiting, position 1" while the only slot is busy.
 - `test_live_captions_match_transcribe`: the bundled demo model (skipped while
   weights/demo/config.json is absent): the page shows exactly what `parakeet-transcribe`
   prints for the audio the page sent and for the wav itself, non-empty, finalized on stop;
+  the notice that the demo model understands synthetic speech only, and how to get the real one;
   screenshot to results/web_page.png (tests never modify tracked files: the README's
   docs/web_page.png is made by scripts/readme_screenshot.py).
 
@@ -250,6 +252,15 @@ class Page:
         assert not self.problems, self.problems
 
 
+def assert_footer_at_bottom(page: Page, height: int) -> None:
+    """On a window taller than the page's content the footer sits at the window's bottom edge."""
+    size = page.page.viewport_size
+    page.page.set_viewport_size({"width": size["width"], "height": height})
+    box = page.page.locator("footer").bounding_box()
+    assert abs(box["y"] + box["height"] - height) <= 1, (box, height)
+    page.page.set_viewport_size(size)
+
+
 def metric_value(port: int, name: str, labels: str = "") -> float:
     _, _, body = http_request(port, "/metrics")
     match = re.search(rf"^{re.escape(name + labels)} (\S+)$", body.decode(), re.MULTILINE)
@@ -260,7 +271,9 @@ def metric_value(port: int, name: str, labels: str = "") -> float:
 def test_page_streams_captions(tiny_server, browser):
     http = tiny_server.ports["http"]
     page = Page(browser, f"http://127.0.0.1:{http}/")
-    assert page.text("#status").startswith("ready") and page.page.inner_text("#toggle") == "Start"
+    assert page.text("#status") == "ready: press Start and speak" and page.page.inner_text("#toggle") == "Start"
+    assert not page.page.is_visible("#demo-notice")  # not the demo model
+    assert_footer_at_bottom(page, height=2400)
     # the browser enforces the CSP: injected inline code does not run, other hosts are unreachable
     page.page.evaluate("""() => {
         const s = document.createElement("script"); s.textContent = "window.injected = 1"; document.body.append(s);
@@ -357,6 +370,10 @@ def test_live_captions_match_transcribe(wav, browser, capsys, tmp_path):
     server = ServerProcess(DEMO)
     try:
         page = Page(browser, f"http://127.0.0.1:{server.ports['http']}/")
+        notice = page.text("#demo-notice")  # shown, and saying what to do instead
+        assert page.page.is_visible("#demo-notice"), "no demo-model notice"
+        assert "synthetic speech" in notice and "not your voice" in notice and "bash scripts/serve.sh" in notice
+        assert page.text("#status") == "ready: press Start (demo model: synthetic speech only)"
         page.page.on("websocket", lambda ws: ws.on("framesent", lambda frame: frames.append(frame)))
         page.page.click("#toggle")
         page.wait_state("listening")

@@ -1,10 +1,12 @@
 """Small HTTP/1.1 server on h11: /health, /ready, /metrics and static files."""
 from __future__ import annotations
 
+import functools
 import logging
 import mimetypes
 import re
 from collections.abc import Sequence
+from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -12,6 +14,7 @@ import h11
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ..model.registry import REPO_WEIGHTS
 from . import wire
 from .context import ServerContext
 from .replica import replica_state
@@ -91,7 +94,7 @@ async def _respond(
         ("cache-control", "no-store"),
         *extra,
     ]
-    data = conn.send(h11.Response(status_code=status, headers=headers))
+    data = conn.send(h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase))
     data += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
     await stream.send_all(data)
 
@@ -151,11 +154,19 @@ def health(ctx: ServerContext) -> dict:
     return {
         "status": "broken" if not state.healthy else "draining" if ctx.shutdown.is_set() else "ok",
         "model": ctx.config.model_name,
+        "demo_model": is_demo_model(ctx.config.model_name),
         "sample_rate": ctx.engine.sample_rate,
         "ports": ctx.config.ports,
         "connections": ctx.open_sessions,
         **ctx.engine.stats(),
     }
+
+
+@functools.cache
+def is_demo_model(name: str) -> bool:
+    """Whether `name` (a --model value) is the bundled demo model, which the captions page warns
+    about: it understands synthetic speech only."""
+    return name == "demo" or Path(name).resolve() == (REPO_WEIGHTS / "demo").resolve()
 
 
 def _json(obj: dict) -> bytes:

@@ -145,7 +145,9 @@ async function init() {
   try {
     const { health } = await serverInfo();
     ui.model.textContent = `${health.model} · ${health.free_slots} of ${health.max_num_streams} slots free`;
-    setState("idle", health.status === "ok" ? "ready: press Start and speak" : `server is ${health.status}`);
+    $("demo-notice").hidden = !health.demo_model;
+    const ready = health.demo_model ? "ready: press Start (demo model: synthetic speech only)" : "ready: press Start and speak";
+    setState("idle", health.status === "ok" ? ready : `server is ${health.status}`);
   } catch (error) {
     setState("error", `cannot reach the server: ${error.message}`);
   }
