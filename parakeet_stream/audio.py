@@ -71,7 +71,9 @@ def read_audio(path: str | Path) -> np.ndarray:
         raise AudioError(f"cannot read audio file {path}: no such file")
     try:
         data, rate = sf.read(path, dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, OSError) as exc:
+    except sf.LibsndfileError as exc:  # (its message repeats the path)
+        raise AudioError(f"cannot read audio file {path}: {exc.error_string.rstrip('.').lower()}") from None
+    except (RuntimeError, OSError) as exc:
         raise AudioError(f"cannot read audio file {path}: {exc}") from None
     if data.shape[0] == 0:
         raise AudioError(f"audio file {path} contains no samples")

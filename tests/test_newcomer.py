@@ -1,10 +1,12 @@
-"""A newcomer's first commands: one-line errors, the configuration dump, parakeet-bench's defaults
-and its lag definition (issue 13's polish list)."""
+"""A newcomer's first commands: one-line errors, the configuration dump, --help, parakeet-bench's
+defaults, its lag definition and its capacity wording, HTTP status lines, the `stopped` line."""
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,9 @@ import pytest
 import torch
 from test_server_support import ServerProcess
 
-from parakeet_stream.tools.bench import ClientRecord, sent_at
+from parakeet_stream.server.cli import build_parser
+from parakeet_stream.tools.bench import ClientRecord, capacity, capacity_at_least, capacity_text, sent_at
+from parakeet_stream.tools.bench import build_parser as bench_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTENCE = ROOT / "tests" / "fixtures" / "audio" / "sentence.wav"
@@ -35,8 +39,37 @@ def one_line(stderr: str) -> str:
 def test_transcribe_a_directory_says_so(tiny_model_dir, tmp_path):
     result = run("parakeet_stream.tools.transcribe", str(tmp_path), "--model", str(tiny_model_dir))
     assert result.returncode == 1
-    assert one_line(result.stderr) == (f"{tmp_path}: error: cannot read audio file {tmp_path}: it is a directory "
-                                       f"(pass the files in it, e.g. {tmp_path}/*.wav)")
+    assert one_line(result.stderr) == (f"parakeet-transcribe: error: cannot read audio file {tmp_path}: it is a "
+                                       f"directory (pass the files in it, e.g. {tmp_path}/*.wav)")
+
+
+def test_transcribe_error_names_the_file_once(tiny_model_dir):
+    result = run("parakeet_stream.tools.transcribe", "README.md", "--model", str(tiny_model_dir))
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert line.startswith("parakeet-transcribe: error: cannot read audio file README.md: ") and \
+        line.count("README.md") == 1, line
+
+
+def test_transcribe_json_times_in_milliseconds(tiny_model_dir):
+    result = run("parakeet_stream.tools.transcribe", str(SENTENCE), "README.md", "--model", str(tiny_model_dir),
+                 "--json")
+    assert result.returncode == 1
+    good, bad = map(json.loads, result.stdout.splitlines())
+    assert good["token_times"] and good["token_times"] == [round(t, 3) for t in good["token_times"]]
+    assert not re.search(r"\d\.\d{4,}", result.stdout.splitlines()[0]), result.stdout  # no float noise
+    assert bad["file"] == "README.md" and bad["error"].count("README.md") == 1, bad
+
+
+@pytest.mark.skipif((ROOT / "weights" / "small" / "config.json").is_file(), reason="weights/small is converted here")
+@pytest.mark.parametrize("module", ["parakeet_stream.tools.transcribe", "parakeet_stream.server.cli"])
+def test_named_model_offline_suggests_demo(module, tmp_path):
+    args = [str(SENTENCE)] if module.endswith("transcribe") else ["--port", "0", "--ws-port", "0", "--http-port", "0"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    result = run(module, *args, "--model", "small", env=env | {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert "HF_HUB_OFFLINE" in line and line.endswith("; --model demo (the bundled demo model) needs no network"), line
 
 
 @cpu_only
@@ -58,6 +91,26 @@ def test_configuration_dump_shows_the_lookahead_in_use(tiny_model_dir, eou_model
         assert f"  lookahead = {left},{right}\n" in server.config_lines
     finally:
         server.close()
+
+
+def test_help_shows_defaults_and_where_things_are():
+    serve_help = " ".join(build_parser().format_help().split())  # argparse wraps lines
+    for text in ("--port PORT raw TCP port, newline-delimited JSON (0: any free) (default: 8765)",
+                 "(default: 8000)", "the live captions page (open http://HOST:PORT/)", "(default: 8080)",
+                 "scripts/serve.sh passes --model small (default: demo)", "(default: 127.0.0.1)",
+                 "a second Ctrl-C stops at once"):
+        assert text in serve_help, text
+    assert "(default: None)" not in serve_help
+    bench_help = " ".join(bench_parser().format_help().split())
+    assert "--clients N[,N...] concurrent clients of each level" in bench_help and "(default: 1,2,4,8)" in bench_help
+
+
+@pytest.mark.parametrize("within, text", [([True, True, True], "at least 4"), ([True, True, False], "2"),
+                                          ([False, True, False], "2"), ([False, False, False], "0")])
+def test_capacity_at_the_highest_level_tried_is_a_lower_bound(within, text):
+    levels = [{"clients": n, "within_budget": ok} for n, ok in zip((1, 2, 4), within)]
+    report = {"capacity": capacity(levels), "capacity_at_least": capacity_at_least(levels)}
+    assert capacity_text(report) == text
 
 
 def test_lag_counts_from_the_packet_that_held_the_audio():
@@ -93,3 +146,53 @@ def test_bench_defaults_and_no_matplotlib(tiny_model_dir, tmp_path):
         assert level["results"] > 0 and level["finals"] == level["clients"]
         assert level["lag_ms"]["p50"] >= 0 and min(level["lag_ms"].values()) >= 0, level
     assert re.search(r'"capacity": \d+', result.stdout)
+    summary = json.loads(result.stdout)
+    if summary["capacity"] == 2:  # both levels within budget: the server may hold more than was tried
+        assert summary["capacity_at_least"] and "parakeet-bench: capacity at least 2 streams" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_model_dir):
+    server = ServerProcess(tiny_model_dir, "--log-level", "info")
+    yield server
+    server.close()
+
+
+def status_line(port: int, path: str) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data.split(b"\r\n", 1)[0].decode()
+
+
+def test_http_status_lines_have_a_reason_phrase(tiny_server):
+    http = tiny_server.ports["http"]
+    assert status_line(http, "/health") == "HTTP/1.1 200 OK"
+    assert status_line(http, "/no-such-page") == "HTTP/1.1 404 Not Found"
+
+
+def test_sigterm_drains_and_says_stopped(tiny_model_dir):
+    server = ServerProcess(tiny_model_dir)
+    try:
+        assert server.terminate() == 0
+        assert server.proc.stdout.read().splitlines() == ["parakeet-serve stopped (drained)"]
+    finally:
+        server.close()
+
+
+def test_second_ctrl_c_stops_at_once_and_says_so(tiny_model_dir):
+    server = ServerProcess(tiny_model_dir, "--log-level", "info", "--drain-timeout", "60")
+    try:
+        with socket.create_connection(("127.0.0.1", server.ports["tcp"]), timeout=10) as client:
+            assert json.loads(client.makefile().readline())["type"] == "hello"  # an active stream holds the drain
+            server.proc.send_signal(signal.SIGINT)
+            for line in server.proc.stderr:
+                if line.rstrip().endswith("SIGINT: draining"):
+                    break
+            server.proc.send_signal(signal.SIGINT)
+            assert server.proc.wait(timeout=30) == 0
+        assert server.proc.stdout.read().splitlines() == ["parakeet-serve stopped (not drained)"]
+    finally:
+        server.close()

@@ -18,39 +18,65 @@ from ..host import single_threaded_host
 from ..model.device import check_device
 from ..model.errors import DeviceError, ModelNotFound
 from ..model.precision import PrecisionError
+from ..model.registry import HUB_ALIASES
 from .app import serve
 from .codes import ProtocolError
 from .context import ServerConfig, ServerContext
 from .guard import memory_problem
+from .ports import port_problem
+
+
+EPILOG = ("It prints its configuration, then one `parakeet-serve ready: ...` line. Ctrl-C (or SIGTERM) stops taking "
+          "streams and lets active ones finish; a second Ctrl-C stops at once.")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where there is none or its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or "default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="parakeet-serve", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="parakeet-serve", description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: everywhere)")
     p.add_argument("--port", type=int, default=8765, help="raw TCP port, newline-delimited JSON (0: any free)")
-    p.add_argument("--ws-port", type=int, default=8000, help="WebSocket port: native protocol and /v1/realtime")
-    p.add_argument("--http-port", type=int, default=8080, help="HTTP port: /health, /ready, /metrics")
-    p.add_argument("--model", default="demo", help="demo, small, large, a Hugging Face ORG/NAME[@REVISION] "
-                   "(downloaded and converted once, then cached) or a model folder")
+    p.add_argument("--ws-port", type=int, default=8000,
+                   help="WebSocket port: native protocol, /v1/realtime, /v1/listen (0: any free)")
+    p.add_argument("--http-port", type=int, default=8080,
+                   help="HTTP port: the live captions page (open http://HOST:PORT/), /health, /ready, /metrics "
+                        "(0: any free)")
+    p.add_argument("--model", default="demo",
+                   help="demo (bundled, understands synthetic speech only), small or large (NVIDIA's, downloaded "
+                        "and converted once), a Hugging Face ORG/NAME[@REVISION] or a model folder; "
+                        "scripts/serve.sh passes --model small")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
     p.add_argument("--max-num-streams", default="64", type=_slots, help="engine slots: a number or 'auto'")
     p.add_argument("--max-queue", type=int, default=256, help="streams that may wait for a slot")
-    p.add_argument("--max-stream-seconds", type=float, default=3600.0, help="audio per stream (0: no limit)")
-    p.add_argument("--idle-timeout", type=float, default=30.0, help="close a silent connection after this")
-    p.add_argument("--send-timeout", type=float, default=5.0, help="close a client that stops reading after this")
+    p.add_argument("--max-stream-seconds", type=float, default=3600.0, help="seconds of audio per stream (0: no limit)")
+    p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds: close a silent connection after this")
+    p.add_argument("--send-timeout", type=float, default=5.0,
+                   help="seconds: close a client that stops reading after this")
     p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest line or WebSocket message")
     p.add_argument("--max-backlog-seconds", type=float, default=30.0, help="audio a stream may hold unprocessed")
     p.add_argument("--max-messages-per-second", type=float, default=1000.0, help="per connection (8 KiB counts 1)")
-    p.add_argument("--handshake-timeout", type=float, default=5.0, help="WebSocket/HTTP handshake, TCP API key")
+    p.add_argument("--handshake-timeout", type=float, default=5.0,
+                   help="seconds for the WebSocket/HTTP handshake and the TCP API key")
     p.add_argument(
-        "--drain-timeout", type=float, default=30.0, help="SIGTERM: active streams may go on this long, then are finalized"
+        "--drain-timeout", type=float, default=30.0,
+        help="Ctrl-C or SIGTERM: active streams may go on this long, then are finalized (a second one: at once)",
     )
     p.add_argument("--agent-port", type=int, default=None, help="HAProxy agent-check port (0: any free; default: none)")
     p.add_argument("--agent-weight-unit", type=int, default=1, help="agent weight: 1 point per this many free streams")
     p.add_argument("--api-key", default=None, help="require this key (Bearer header, ?api_key=, TCP first message)")
     p.add_argument("--allowed-origins", default="*", help="comma-separated WebSocket Origins, or *")
     add_engine_arguments(p)
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="what is logged on stderr (info: each connection's open and close, draining)")
     return p
 
 
@@ -91,9 +117,12 @@ def print_config(args: argparse.Namespace, lookahead: tuple[int, int]) -> None:
     sys.stdout.flush()
 
 
-async def run(ctx: ServerContext) -> None:
+async def run(ctx: ServerContext) -> str:
+    """Serve until SIGINT/SIGTERM has drained the streams ("drained") or a second signal cut the
+    drain short ("not drained"); returns which."""
+    outcome = ["drained"]
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals, ctx, nursery.cancel_scope)
+        nursery.start_soon(_watch_signals, ctx, nursery.cancel_scope, outcome)
         ports = await nursery.start(_serve_then_stop, ctx, nursery.cancel_scope)
         host = ctx.config.host
         print(
@@ -101,6 +130,7 @@ async def run(ctx: ServerContext) -> None:
             f"http://{host}:{ports['http']}" + (f" agent://{host}:{ports['agent']}" if "agent" in ports else ""),
             flush=True,
         )
+    return outcome[0]
 
 
 async def _serve_then_stop(
@@ -110,10 +140,11 @@ async def _serve_then_stop(
     scope.cancel()
 
 
-async def _watch_signals(ctx: ServerContext, scope: trio.CancelScope) -> None:
+async def _watch_signals(ctx: ServerContext, scope: trio.CancelScope, outcome: list[str]) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             if ctx.shutdown.is_set():  # a second signal: stop without waiting
+                outcome[0] = "not drained"
                 scope.cancel()
                 return
             logging.getLogger(__name__).info("%s: draining", signal.Signals(signum).name)
@@ -122,6 +153,11 @@ async def _watch_signals(ctx: ServerContext, scope: trio.CancelScope) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = port_problem(args.host, {"--port": args.port, "--ws-port": args.ws_port,
+                                       "--http-port": args.http_port, "--agent-port": args.agent_port})
+    if problem:
+        print(f"parakeet-serve: error: {problem}", file=sys.stderr)
+        return 2
     single_threaded_host()
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -136,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             **engine_options(args),
         )
     except (PrecisionError, DeviceError, ModelNotFound, EngineError) as exc:
-        print(f"parakeet-serve: error: {exc}", file=sys.stderr)
+        print(f"parakeet-serve: error: {exc}{offline_hint(args.model, exc)}", file=sys.stderr)
         return 2
     print_config(args, engine.default_lookahead)
     config = server_config(args)
@@ -145,12 +181,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parakeet-serve: refusing to start: {problem}", file=sys.stderr)
         return 2
     with engine:
-        trio.run(_main, engine, config)
+        outcome = trio.run(_main, engine, config)
+    print(f"parakeet-serve stopped ({outcome})", flush=True)
     return 0
 
 
-async def _main(engine: ASREngine, config: ServerConfig) -> None:
-    await run(ServerContext.create(engine, config))
+def offline_hint(model: str, exc: Exception) -> str:
+    """What to add to a model error: a named model the hub cannot deliver has the demo model to fall back on."""
+    if getattr(exc, "unreachable", False) and model in HUB_ALIASES:
+        return "; --model demo (the bundled demo model) needs no network"
+    return ""
+
+
+async def _main(engine: ASREngine, config: ServerConfig) -> str:
+    return await run(ServerContext.create(engine, config))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ holding the last sample the result covers, or the latest packet where the server
 runs past it (client side, so never negative; it includes the wait for the lookahead); time to
 final = final packet sent -> final result received.
 Capacity = most clients with p95 chunk latency within budget, nobody queued or failed, and no
-client whose lag keeps growing.
+client whose lag keeps growing; "at least N" when N, the highest level tried, was within budget.
 
     parakeet-bench --url ws://127.0.0.1:8000/ --audio speech.wav --clients 1,4,16 --seconds 20
 
@@ -165,6 +165,16 @@ def capacity(levels: list[dict]) -> int:
     return max(ok, default=0)
 
 
+def capacity_at_least(levels: list[dict]) -> bool:
+    """The highest level tried was within budget: the server may hold more than was tried."""
+    top = max(levels, key=lambda lv: lv["clients"], default=None)
+    return top is not None and top["within_budget"]
+
+
+def capacity_text(report: dict) -> str:
+    return f"at least {report['capacity']}" if report["capacity_at_least"] else str(report["capacity"])
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -182,7 +192,7 @@ def plot(report: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("concurrent real-time streams")
     ax.set_ylabel("milliseconds")
-    ax.set_title(f"parakeet-bench: capacity {report['capacity']} streams")
+    ax.set_title(f"parakeet-bench: capacity {capacity_text(report)} streams")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -216,6 +226,7 @@ async def bench(args: argparse.Namespace) -> dict:
         "budget_ms": args.budget_ms,
         "levels": levels,
         "capacity": capacity(levels),
+        "capacity_at_least": capacity_at_least(levels),
     }
 
 
@@ -223,16 +234,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="parakeet-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--url", default="tcp://127.0.0.1:8765", help="tcp://host:port or ws://host:port/")
+    p.add_argument("--url", default="tcp://127.0.0.1:8765",
+                   help="the server: tcp://host:port or ws://host:port/ (default: %(default)s)")
     p.add_argument("--audio", nargs="+", default=None,
                    help="audio files (any rate; streamed as 16 kHz pcm16; default: the repository's sentence.wav)")
-    p.add_argument("--clients", default="1,2,4,8", type=lambda s: [int(x) for x in s.split(",")])
-    p.add_argument("--seconds", type=float, default=15.0, help="audio per client")
-    p.add_argument("--budget-ms", type=float, default=500.0, help="p95 chunk latency allowed for capacity")
-    p.add_argument("--growth-tolerance", type=float, default=0.5, help="lag growth (s) that marks a backlog")
-    p.add_argument("--lookahead", default=None, help="per-stream lookahead mode 'L,R'")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--out", default="results/bench", help="writes OUT.json and OUT.png")
+    p.add_argument("--clients", default="1,2,4,8", metavar="N[,N...]", type=lambda s: [int(x) for x in s.split(",")],
+                   help="concurrent clients of each level, comma-separated, run one level after the other; "
+                        "capacity is the highest level within budget (default: %(default)s)")
+    p.add_argument("--seconds", type=float, default=15.0, help="audio per client (default: %(default)s)")
+    p.add_argument("--budget-ms", type=float, default=500.0,
+                   help="p95 chunk latency allowed for capacity (default: %(default)s)")
+    p.add_argument("--growth-tolerance", type=float, default=0.5,
+                   help="lag growth (s) that marks a backlog (default: %(default)s)")
+    p.add_argument("--lookahead", default=None, help="per-stream lookahead mode 'L,R' (default: the server's)")
+    p.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
+    p.add_argument("--out", default="results/bench",
+                   help="writes OUT.json and OUT.png, relative to the current folder (default: %(default)s)")
     return p
 
 
@@ -270,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print(f"parakeet-bench: no plot ({out.with_suffix('.png')}): it needs matplotlib: "
               "pip install -e '.[bench]'", file=sys.stderr)
-    print(json.dumps({"capacity": report["capacity"], "json": str(out.with_suffix(".json"))}))
+    more = " (the highest level tried: try more --clients)" if report["capacity_at_least"] else ""
+    print(f"parakeet-bench: capacity {capacity_text(report)} streams{more}", file=sys.stderr)
+    print(json.dumps({"capacity": report["capacity"], "capacity_at_least": report["capacity_at_least"],
+                      "json": str(out.with_suffix(".json"))}))
     return 0
 
 

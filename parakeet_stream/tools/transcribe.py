@@ -22,6 +22,7 @@ from ..model.errors import ModelNotFound
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
 from ..model.precision import set_precision
+from ..model.registry import HUB_ALIASES
 
 
 @dataclass
@@ -34,7 +35,9 @@ class Transcript:
     error: str | None = None
 
     def as_json(self) -> str:
-        return json.dumps({k: v for k, v in self.__dict__.items() if v is not None}, ensure_ascii=False)
+        fields = {k: v for k, v in self.__dict__.items() if v is not None}
+        fields["token_times"] = [round(t, 3) for t in self.token_times]  # ms: frame times carry float noise
+        return json.dumps(fields, ensure_ascii=False)
 
 
 def transcribe_streaming(engine: ASREngine, audios: dict[str, np.ndarray], lookahead=None) -> dict[str, Transcript]:
@@ -59,7 +62,7 @@ def _collect(engine: ASREngine, sid: int, t: Transcript) -> None:
         engine.wait_for_update(sid, timeout=1.0)
         for r in engine.collect(sid):
             if r.error:
-                t.error = r.error
+                t.error = f"{t.file}: the model failed on this file ({r.error})"
             t.token_ids += r.token_ids
             t.token_times += r.token_times
             t.text += r.text
@@ -118,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         model = set_precision(load_model(args.model, args.device), args.dtype, args.quantize)
         lookahead = model.encoder.check_lookahead(args.lookahead)
     except (ModelNotFound, ValueError) as exc:  # (DeviceError and PrecisionError are ValueErrors)
-        print(f"parakeet-transcribe: error: {exc}", file=sys.stderr)
+        offline = getattr(exc, "unreachable", False) and args.model in HUB_ALIASES
+        hint = "; --model demo (the bundled demo model) needs no network" if offline else ""
+        print(f"parakeet-transcribe: error: {exc}{hint}", file=sys.stderr)
         return 2
     audios, results = load_audios(args.files)
     if audios and args.offline:
@@ -135,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
 def _print(t: Transcript, as_json: bool) -> None:
     if as_json:
         print(t.as_json(), flush=True)
-    elif t.error:
-        print(f"{t.file}: error: {t.error}", file=sys.stderr)
+    elif t.error:  # (it names the file)
+        print(f"parakeet-transcribe: error: {t.error}", file=sys.stderr)
     else:
         print(f"{t.file}: {t.text}", flush=True)
 
