@@ -1,7 +1,8 @@
-"""Transcribe a WAV file with the official Deepgram SDK (`pip install deepgram-sdk`), pointed at
-parakeet-stream by its environment only: the same code runs against Deepgram's cloud.
+"""Transcribe a WAV file with the official Deepgram SDK, pointed at parakeet-stream by its
+environment only: the same code runs against Deepgram's cloud.
 
-    python examples/deepgram_client.py audio.wav [ws://127.0.0.1:8000] [API_KEY]
+    pip install -e '.[examples]'    # deepgram-sdk
+    python examples/deepgram_client.py examples/journey.wav [ws://127.0.0.1:8000] [API_KEY]
 """
 import sys
 import threading

@@ -1,7 +1,7 @@
 """Transcribe a wav file with the official openai SDK against parakeet-serve's /v1/realtime.
 
-    pip install 'openai[realtime]' soundfile soxr
-    python examples/openai_realtime_client.py audio.wav [ws://127.0.0.1:8000/v1]
+    pip install -e '.[examples]'    # openai[realtime]
+    python examples/openai_realtime_client.py examples/journey.wav [ws://127.0.0.1:8000/v1]
 
 The key comes from OPENAI_API_KEY (needed only when the server runs with --api-key). Turn
 detection is off here: the whole file is one item, committed at the end. With

@@ -1,8 +1,8 @@
 """vLLM's realtime example client (from the "Streaming Requests & Realtime API in vLLM"
 post), unchanged except for the server URL and the `model` name the post leaves undefined.
 
-    pip install librosa websockets
-    python examples/realtime_client.py audio.wav [ws://127.0.0.1:8000/v1/realtime]
+    pip install -e '.[examples]'    # librosa, websockets
+    python examples/realtime_client.py examples/journey.wav [ws://127.0.0.1:8000/v1/realtime]
 """
 import asyncio
 import base64

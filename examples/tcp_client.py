@@ -1,7 +1,8 @@
-"""Stream a WAV file over raw TCP (newline-delimited JSON) with only the standard library
-and numpy, the way original parakeet-streaming clients do.
+"""Stream a WAV file over raw TCP (newline-delimited JSON) with a plain socket, the way original
+parakeet-streaming clients do; only reading the file uses the package (any 16 kHz mono float32
+source will do).
 
-    python examples/tcp_client.py audio.wav [host] [port]
+    python examples/tcp_client.py examples/journey.wav [host] [port]
 """
 import base64
 import json

@@ -1,7 +1,7 @@
 """Stream a WAV file at real time over WebSocket with parakeet_stream.client, at the
 file's own sample rate (the server resamples), printing each caption as it arrives.
 
-    python examples/ws_client.py audio.wav [ws://127.0.0.1:8000/]
+    python examples/ws_client.py examples/journey.wav [ws://127.0.0.1:8000/]
 """
 import sys
 

@@ -3,11 +3,14 @@
 
 This is the ONLY place in the project that imports NeMo. It builds tiny random-init
 NeMo ``EncDecRNNTBPEModel``s with the real structural options of the two served model
-families (see shared/reference/nvidia-streaming-model-configs.md), shapes their weights so
-every greedy decision has a wide logit margin, runs NeMo's own cache-aware streaming
-(exactly as examples/asr/asr_cache_aware_streaming/speech_to_text_cache_aware_streaming_infer.py
-does) and its offline forward, and writes everything the tests need to compare our own
-PyTorch re-implementation token for token, without NeMo installed.
+families (from the model_config.yaml in NVIDIA's checkpoints on Hugging Face,
+nvidia/parakeet_realtime_eou_120m-v1 and nvidia/nemotron-speech-streaming-en-0.6b; the full-size
+configurations built from them are kept as tests/fixtures/nemo/{small,large}_model_config.yaml),
+shapes their weights so every greedy decision has a wide logit margin, runs NeMo's own
+cache-aware streaming (exactly as
+examples/asr/asr_cache_aware_streaming/speech_to_text_cache_aware_streaming_infer.py does) and its
+offline forward, and writes everything the tests need to compare our own PyTorch
+re-implementation token for token, without NeMo installed.
 
 Outputs (committed):
 
@@ -20,13 +23,15 @@ Outputs (committed):
   tests/fixtures/nemo/full_size_keys.json           state_dict key -> shape of the full-size models
   tests/fixtures/nemo/{small,large}_model_config.yaml  model_config.yaml NeMo writes for them
 
-Set up NeMo in its own venv, OUTSIDE the repo (it is never a project dependency):
+Set up NeMo in its own venv, OUTSIDE the repo (it is never a project dependency); NEMO_VENV is
+any folder of your choice:
 
-    python3 -m venv /work/nemo-venv
-    /work/nemo-venv/bin/pip install -U pip
-    /work/nemo-venv/bin/pip install torch==2.13.0            # the local CPU wheel
-    echo 'torch==2.13.0' > /tmp/torch-constraint.txt          # keep pip from pulling a CUDA torch
-    /work/nemo-venv/bin/pip install -c /tmp/torch-constraint.txt "nemo_toolkit[asr]==3.0.0"
+    NEMO_VENV=~/nemo-venv
+    python3 -m venv $NEMO_VENV
+    $NEMO_VENV/bin/pip install -U pip
+    $NEMO_VENV/bin/pip install torch==2.13.0                  # the CPU build the project is pinned to
+    echo 'torch==2.13.0' > $NEMO_VENV/torch-constraint.txt    # keep pip from pulling a CUDA torch
+    $NEMO_VENV/bin/pip install -c $NEMO_VENV/torch-constraint.txt "nemo_toolkit[asr]==3.0.0"
     apt-get install -y espeak-ng                              # test speech
 
 How the tiny models get wide margins: random weights decode to near-ties, so after a random
@@ -41,8 +46,8 @@ top1-top2 gap is recorded in reference.json.
 Run from the repo root (5-30 minutes on a busy 2-core machine, almost all of it the margin
 training; the full-size builds take well under a minute):
 
-    /work/nemo-venv/bin/python scripts/make_nemo_fixtures.py
-    /work/nemo-venv/bin/python scripts/make_nemo_fixtures.py --skip-full-size   # tiny fixtures only
+    $NEMO_VENV/bin/python scripts/make_nemo_fixtures.py
+    $NEMO_VENV/bin/python scripts/make_nemo_fixtures.py --skip-full-size   # tiny fixtures only
 
 Everything is seeded. The target token paths are fully determined by the seed and the wavs;
 the trained weights (hence the recorded margins) are not bit-reproducible across runs
