@@ -46,7 +46,7 @@ class DecoderProgress:
     encoder frames decoded, the frame of the last token, whether the open utterance has tokens,
     and the incremental detokenizer."""
 
-    def __init__(self, tokenizer: Tokenizer | None):
+    def __init__(self, tokenizer: Tokenizer):
         self.detok = IncrementalDetokenizer(tokenizer)
         self.frames_decoded = 0
         self.last_token_frame = -1
