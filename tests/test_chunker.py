@@ -1,5 +1,5 @@
 """The pre-encode stage's chunker: cut sizes, first-chunk padding, history, the partial last chunk,
-and one definition of a complete chunk: the samples the inbox counts agree with the frames cut."""
+and one definition of a ready chunk: the samples the inbox counts agree with the frames cut."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_first_chunk_is_left_padded_to_the_window():
     assert front.chunks_cut == 1 and front.mel.size(0) == 21
 
 
-def test_later_chunks_carry_the_previous_frames_and_only_complete_ones_are_cut():
+def test_later_chunks_carry_the_previous_frames_and_only_whole_ones_are_cut():
     spec = chunk_spec((70, 1), 8)
     front = numbered(spec, 30)
     windows = chunker.cut(front, 5, last=False)
@@ -121,7 +121,7 @@ def _frame(model, inbox: Inbox, front: FrontEnd, upto: int | None = None, last: 
     chunker.add_features(model.features, [front], [inbox.take_samples(upto)], [last])
 
 
-def test_a_chunk_is_complete_in_samples_exactly_when_its_frames_are_there(model_modes):
+def test_a_chunk_is_ready_in_samples_exactly_when_its_frames_are_there(model_modes):
     rng = np.random.default_rng(0)
     for model, mode in model_modes:
         inbox, front = _start(model, mode)
@@ -129,10 +129,10 @@ def test_a_chunk_is_complete_in_samples_exactly_when_its_frames_are_there(model_
             short = inbox.samples_for(k) - 1 - inbox.samples_in
             inbox.add(rng.standard_normal(short).astype(np.float32))
             _frame(model, inbox, front)
-            assert inbox.chunks_complete == k and len(chunker.cut(front, 9, last=False)) == 0, (mode, k)
+            assert inbox.chunks_ready == k and len(chunker.cut(front, 9, last=False)) == 0, (mode, k)
             inbox.add(rng.standard_normal(1).astype(np.float32))
             _frame(model, inbox, front)
-            assert inbox.chunks_complete == k + 1 and len(chunker.cut(front, 9, last=False)) == 1, (mode, k)
+            assert inbox.chunks_ready == k + 1 and len(chunker.cut(front, 9, last=False)) == 1, (mode, k)
 
 
 def test_a_backlog_framed_up_to_a_chunk_cuts_exactly_up_to_it(model_modes):
@@ -145,7 +145,7 @@ def test_a_backlog_framed_up_to_a_chunk_cuts_exactly_up_to_it(model_modes):
         assert len(chunker.cut(front, 9, last=False)) == 2, mode
 
 
-def test_at_the_end_every_complete_chunk_is_cut_whole(model_modes):
+def test_at_the_end_every_ready_chunk_is_cut_whole(model_modes):
     for model, mode in model_modes:
         spec = model.encoder.chunk_spec(mode)
         base = Inbox(spec, model.cfg.features.hop_length, model.cfg.features.n_fft)
@@ -154,6 +154,6 @@ def test_at_the_end_every_complete_chunk_is_cut_whole(model_modes):
             inbox.add(np.full(n, 0.1, np.float32))
             _frame(model, inbox, front, last=True)
             windows = chunker.cut(front, 0, last=True)
-            assert len(windows) >= inbox.chunks_complete, (mode, n)
+            assert len(windows) >= inbox.chunks_ready, (mode, n)
             full = [spec.first_frames] + [spec.window] * (len(windows) - 1)
-            assert [w.length for w in windows[: inbox.chunks_complete]] == full[: inbox.chunks_complete], (mode, n)
+            assert [w.length for w in windows[: inbox.chunks_ready]] == full[: inbox.chunks_ready], (mode, n)

@@ -24,7 +24,7 @@ _ids = iter(range(1, 10**6))
 
 
 def seq() -> Sequence:
-    return Sequence(next(_ids), MODE, Inbox(SPEC, HOP, N_FFT), front=None, decoded=None)
+    return Sequence(next(_ids), MODE, Inbox(SPEC, HOP, N_FFT), front=None, decoding=None)
 
 
 def scheduler(slots: int = 2, queue: int = 3) -> Scheduler:
@@ -32,8 +32,8 @@ def scheduler(slots: int = 2, queue: int = 3) -> Scheduler:
 
 
 def give_chunks(s: Sequence, n: int) -> None:
-    """Exactly enough samples to complete the stream's next `n` chunks."""
-    need = s.inbox.samples_for(s.inbox.chunks_complete + n - 1) - s.inbox.samples_in
+    """Exactly enough samples to make the stream's next `n` chunks ready."""
+    need = s.inbox.samples_for(s.inbox.chunks_ready + n - 1) - s.inbox.samples_in
     s.inbox.add(np.zeros(need, np.float32))
 
 
@@ -49,7 +49,7 @@ def test_admits_up_to_the_slots_then_queues_in_order():
     assert sch.stats() == {"active": 2, "queued": 3, "free_slots": 0, "max_num_streams": 2, "max_queue": 3}
 
 
-def test_a_step_takes_the_complete_chunks():
+def test_a_step_takes_the_ready_chunks():
     sch = scheduler()
     s = seq()
     sch.add(s)

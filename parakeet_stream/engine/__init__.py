@@ -8,7 +8,7 @@ pipeline.py), the engine turns its tokens into results, the Scheduler takes it b
 Glossary (one word per concept):
 - stream: one client's audio, from create_stream to its final result; the API names it by id (`sid`).
 - sequence (`Sequence`, `seq`): the engine's object for one stream (sequence.py).
-- chunk: the audio one encoder step takes from one stream, lookahead included; it is complete
+- chunk: the audio one encoder step takes from one stream, lookahead included; it is ready
   once the samples whose frames reach its end (ChunkSpec.frames_through) arrived.
 - step: the chunks of the streams the Scheduler chose to run together (step.py).
 - stage: pre-encode, encode, decode: one thread each (pipeline.py).

@@ -126,7 +126,7 @@ class ASREngine:
             lookahead=mode,
             inbox=Inbox(spec, fcfg.hop_length, fcfg.n_fft),
             front=FrontEnd(self.model.features, spec),
-            decoded=DecoderProgress(self.model.tokenizer),
+            decoding=DecoderProgress(self.model.tokenizer),
         )
         with self._lock:
             self._seqs[sid] = seq
@@ -149,11 +149,11 @@ class ASREngine:
             raise EngineError("stream_closed", "audio after the end of the stream")
         samples = check_samples(np.asarray(samples, dtype=np.float32))
         if samples.size:
-            completed = seq.inbox.add(samples)
+            made_ready = seq.inbox.add(samples)
             with self._lock:
                 self._audio_seconds += samples.size / self.sample_rate
-            if completed:  # a push that completes no chunk changes no scheduling decision
-                self.scheduler.chunk_completed()
+            if made_ready:  # a push that makes no chunk ready changes no scheduling decision
+                self.scheduler.chunk_ready()
 
     def finalize(self, sid: int) -> None:
         self.scheduler.finalize(self._seq(sid))
@@ -227,10 +227,10 @@ class ASREngine:
             seq = item.seq
             for r, tokens in enumerate(item.tokens):
                 ready = item.ready_times[r] if r < len(item.ready_times) else item.final_at
-                result = self.results.build(seq.stream_id, seq.decoded, tokens, item.encoded[r].size(0), False, now - ready)
+                result = self.results.build(seq.stream_id, seq.decoding, tokens, item.encoded[r].size(0), False, now - ready)
                 step.results.append((seq, result))
             if item.last:
-                step.results.append((seq, self.results.build(seq.stream_id, seq.decoded, [], 0, True, None)))
+                step.results.append((seq, self.results.build(seq.stream_id, seq.decoding, [], 0, True, None)))
 
     def _deliver(self, step: Step) -> None:
         if log.isEnabledFor(logging.DEBUG):

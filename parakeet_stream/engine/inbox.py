@@ -1,4 +1,4 @@
-"""One stream's audio inbox: the samples client threads push, and which chunks they complete."""
+"""One stream's audio inbox: the samples client threads push, and which chunks they make ready."""
 
 from __future__ import annotations
 
@@ -46,9 +46,9 @@ class SampleBuffer:
 
 class Inbox:
     """Written by the client threads (`add`), under its lock. The others only take what was
-    added: the Scheduler the arrival times of complete chunks, the pre-encode stage the samples.
+    added: the Scheduler the arrival times of ready chunks, the pre-encode stage the samples.
 
-    A chunk is complete once the samples whose log-mel frames reach its end (ChunkSpec.frames_through)
+    A chunk is ready once the samples whose log-mel frames reach its end (ChunkSpec.frames_through)
     arrived; the pre-encode stage cuts it by the same frame count.
     """
 
@@ -57,44 +57,44 @@ class Inbox:
         self._hop = hop
         self._tail = n_fft - n_fft // 2  # the centred STFT's frame f ends at sample f * hop + _tail
         self._samples = SampleBuffer()
-        self._ready_times: deque[float] = deque()  # arrival of the sample completing each chunk not yet taken
+        self._ready_times: deque[float] = deque()  # arrival of the sample making each chunk ready, not yet taken
         self.samples_in = 0
         self.last_arrival = 0.0
-        self.chunks_complete = 0
+        self.chunks_ready = 0
         self.lock = threading.Lock()
 
     def samples_for(self, chunk: int) -> int:
-        """Samples a stream needs before its chunk `chunk` (0-based) is complete, lookahead included."""
+        """Samples a stream needs before its chunk `chunk` (0-based) is ready, lookahead included."""
         return (self.spec.frames_through(chunk) - 1) * self._hop + self._tail
 
     # --- client threads -------------------------------------------------------------------
     def add(self, samples: np.ndarray) -> bool:
-        """Append samples; True when they completed a chunk (only then is there news for the Scheduler)."""
+        """Append samples; True when they made a chunk ready (only then is there news for the Scheduler)."""
         now = time.monotonic()
         with self.lock:
             self._samples.append(samples)
             self.samples_in += samples.size
             self.last_arrival = now
-            before = self.chunks_complete
-            while self.samples_in >= self.samples_for(self.chunks_complete):
+            before = self.chunks_ready
+            while self.samples_in >= self.samples_for(self.chunks_ready):
                 self._ready_times.append(now)
-                self.chunks_complete += 1
-            return self.chunks_complete > before
+                self.chunks_ready += 1
+            return self.chunks_ready > before
 
     # --- the Scheduler ----------------------------------------------------------------------
     def next_chunk(self, sample_rate: int) -> tuple[float | None, float | None]:
-        """(arrival time of the oldest complete chunk not taken yet, None); with none complete,
-        (None, when the next one completes at real-time pacing, or None before the first one)."""
+        """(arrival time of the oldest ready chunk not taken yet, None); with none ready, (None,
+        when the next one will be at real-time pacing, or None before the first one)."""
         with self.lock:
             if self._ready_times:
                 return self._ready_times[0], None
-            if not self.chunks_complete:
+            if not self.chunks_ready:
                 return None, None
-            missing = self.samples_for(self.chunks_complete) - self.samples_in
+            missing = self.samples_for(self.chunks_ready) - self.samples_in
             return None, self.last_arrival + missing / sample_rate
 
     def take_ready(self, n: int) -> list[float]:
-        """Arrival times of the next `n` complete chunks (the Scheduler schedules them)."""
+        """Arrival times of the next `n` ready chunks (the Scheduler schedules them)."""
         with self.lock:
             return [self._ready_times.popleft() for _ in range(min(n, len(self._ready_times)))]
 

@@ -55,7 +55,7 @@ class Scheduler:
         with self._cv:
             return self.waiting.index(seq) + 1 if seq.status is Status.WAITING and seq in self.waiting else 0
 
-    def chunk_completed(self) -> None:
+    def chunk_ready(self) -> None:
         with self._cv:
             self._cv.notify_all()
 
@@ -159,7 +159,7 @@ class Scheduler:
             first = seq.chunks_scheduled == 0
             seq.chunks_scheduled += len(times)
             # a long backlog goes in several steps so that live streams are not held behind it
-            last = seq.status is Status.FINALIZING and seq.chunks_scheduled == seq.inbox.chunks_complete
+            last = seq.status is Status.FINALIZING and seq.chunks_scheduled == seq.inbox.chunks_ready
             # a backlog is framed only as far as this step's chunks need: features of all of it at once would
             # cost memory and time for chunks later steps take
             upto = None if last else seq.inbox.samples_for(seq.chunks_scheduled - 1)

@@ -4,7 +4,7 @@ A Sequence holds state; behaviour lives with its writer.
 - lifecycle (here): the Scheduler only, under its lock;
 - `inbox` (inbox.py): client threads add samples; the others only take what was added;
 - `front` (chunker.py): the pre-encode stage;
-- `decoded` (results.py): the decode stage;
+- `decoding` (results.py): the decode stage;
 - `outbox` (results.py): the engine publishes results on the decode thread, client threads take them.
 """
 
@@ -37,7 +37,7 @@ class Sequence:
     lookahead: Lookahead
     inbox: Inbox
     front: FrontEnd
-    decoded: DecoderProgress
+    decoding: DecoderProgress
     outbox: Outbox = field(default_factory=Outbox)
     # lifecycle: written by the Scheduler only, under its lock; the others read it
     status: Status = Status.WAITING

@@ -16,10 +16,10 @@ class StepItem:
 
     seq: Sequence
     slot: int
-    chunks: int  # complete chunks to cut; with `last`, everything left
+    chunks: int  # ready chunks to cut; with `last`, everything left
     last: bool  # the stream's last step: its partial last chunk too, then its final result
     first: bool  # the stream's first chunk is in it: its slot's state starts over
-    ready_times: list[float]  # arrival of the last sample each complete chunk needed
+    ready_times: list[float]  # arrival of the last sample each ready chunk needed
     final_at: float | None  # the client's final: the deadline's start for chunks cut at the end
     samples_upto: int | None  # samples of the stream its chunks need (None: all, in its last step)
     pre: list[tuple[torch.Tensor, int]] = field(default_factory=list)  # pre-encode: (x, valid frames) per chunk
