@@ -61,6 +61,7 @@ class Inbox:
         self.samples_in = 0
         self.last_arrival = 0.0
         self.chunks_ready = 0
+        self._next_ready = self.samples_for(0)  # samples that make the next chunk ready
         self.lock = threading.Lock()
 
     def samples_for(self, chunk: int) -> int:
@@ -76,9 +77,10 @@ class Inbox:
             self.samples_in += samples.size
             self.last_arrival = now
             before = self.chunks_ready
-            while self.samples_in >= self.samples_for(self.chunks_ready):
+            while self.samples_in >= self._next_ready:
                 self._ready_times.append(now)
                 self.chunks_ready += 1
+                self._next_ready = self.samples_for(self.chunks_ready)
             return self.chunks_ready > before
 
     # --- the Scheduler ----------------------------------------------------------------------
@@ -90,8 +92,7 @@ class Inbox:
                 return self._ready_times[0], None
             if not self.chunks_ready:
                 return None, None
-            missing = self.samples_for(self.chunks_ready) - self.samples_in
-            return None, self.last_arrival + missing / sample_rate
+            return None, self.last_arrival + (self._next_ready - self.samples_in) / sample_rate
 
     def take_ready(self, n: int) -> list[float]:
         """Arrival times of the next `n` ready chunks (the Scheduler schedules them)."""
