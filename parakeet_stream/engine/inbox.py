@@ -59,10 +59,10 @@ class Inbox:
         self._samples = SampleBuffer()
         self._ready_times: deque[float] = deque()  # arrival of the sample making each chunk ready, not yet taken
         self.samples_in = 0
-        self.last_arrival = 0.0
+        self._last_arrival = 0.0
         self.chunks_ready = 0
         self._next_ready = self.samples_for(0)  # samples that make the next chunk ready
-        self.lock = threading.Lock()
+        self._lock = threading.Lock()
 
     def samples_for(self, chunk: int) -> int:
         """Samples a stream needs before its chunk `chunk` (0-based) is ready, lookahead included."""
@@ -72,10 +72,10 @@ class Inbox:
     def add(self, samples: np.ndarray) -> bool:
         """Append samples; True when they made a chunk ready (only then is there news for the Scheduler)."""
         now = time.monotonic()
-        with self.lock:
+        with self._lock:
             self._samples.append(samples)
             self.samples_in += samples.size
-            self.last_arrival = now
+            self._last_arrival = now
             before = self.chunks_ready
             while self.samples_in >= self._next_ready:
                 self._ready_times.append(now)
@@ -87,21 +87,21 @@ class Inbox:
     def next_chunk(self, sample_rate: int) -> tuple[float | None, float | None]:
         """(arrival time of the oldest ready chunk not taken yet, None); with none ready, (None,
         when the next one will be at real-time pacing, or None before the first one)."""
-        with self.lock:
+        with self._lock:
             if self._ready_times:
                 return self._ready_times[0], None
             if not self.chunks_ready:
                 return None, None
-            return None, self.last_arrival + (self._next_ready - self.samples_in) / sample_rate
+            return None, self._last_arrival + (self._next_ready - self.samples_in) / sample_rate
 
     def take_ready(self, n: int) -> list[float]:
         """Arrival times of the next `n` ready chunks (the Scheduler schedules them)."""
-        with self.lock:
+        with self._lock:
             return [self._ready_times.popleft() for _ in range(min(n, len(self._ready_times)))]
 
     # --- the pre-encode stage ---------------------------------------------------------------
     def take_samples(self, upto: int | None = None) -> torch.Tensor:
         """Samples not taken yet, up to the `upto`-th of the stream (all when None)."""
-        with self.lock:
+        with self._lock:
             taken = self.samples_in - len(self._samples)
             return torch.from_numpy(self._samples.take(None if upto is None else max(0, upto - taken)))
