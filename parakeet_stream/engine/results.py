@@ -101,8 +101,8 @@ class ResultBuilder:
 
 
 class Outbox:
-    """Results waiting for the client, under its own lock: the engine publishes them (on the
-    decode thread), client threads take them and listen for news."""
+    """Results waiting for the client, under its own lock: the engine publishes them (from the
+    stage threads), client threads take them and listen for news."""
 
     def __init__(self) -> None:
         self._results: deque[StreamResult] = deque()

@@ -84,7 +84,7 @@ class Scheduler:
                     return self._release(seq)
             return []
 
-    # --- steps (schedule: the pre-encode thread; postprocess: the decode thread) -------------
+    # --- steps (schedule: the pre-encode thread; postprocess: the decode thread, or a failed stage's)
     def schedule(self) -> Step | None:
         """Block until the policy starts a step; None once stopped."""
         with self._cv:

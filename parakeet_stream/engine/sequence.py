@@ -5,7 +5,8 @@ A Sequence holds state; behaviour lives with its writer.
 - `inbox` (inbox.py): client threads add samples; the others only take what was added;
 - `front` (chunker.py): the pre-encode stage;
 - `decoding` (results.py): the decode stage;
-- `outbox` (results.py): the engine publishes results on the decode thread, client threads take them.
+- `outbox` (results.py): the engine publishes results (on the decode thread; a failed step's error on
+  the thread of the stage that failed), client threads take them.
 """
 
 from __future__ import annotations
