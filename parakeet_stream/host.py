@@ -17,6 +17,19 @@ def single_threaded_host() -> None:
     torch.set_num_threads(1)
 
 
+def stage_threads(device: torch.device, encoder: bool, threads: int | None = None) -> int | None:
+    """Intra-op threads of one engine stage thread; None: leave torch's default (off CPU).
+
+    On CPU each thread has its own OpenMP team. Only the encoder's big matmuls gain from one
+    (`threads`, default every usable core); decoding is thousands of tiny ops (a fork/join each
+    would cost more than the op), and a second team beside the encoder's would leave both
+    waiting at barriers for threads the other one preempted.
+    """
+    if device.type != "cpu":
+        return None
+    return (threads or usable_cores()) if encoder else 1
+
+
 def usable_cores() -> int:
     """The cores this process may use (intra-op threads per stage by default)."""
     try:
@@ -34,3 +47,10 @@ def available_ram() -> int | None:
     except OSError:
         pass
     return None
+
+
+def free_memory(device: torch.device) -> int:
+    """Free bytes of the device (CPU: available RAM; 1 GiB where it cannot tell)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return available_ram() or 1 << 30

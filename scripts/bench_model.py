@@ -15,7 +15,8 @@ import torch
 
 from bench_engine import speech
 from parakeet_stream.model.conformer import EncoderCache
-from parakeet_stream.engine import ASREngine, add_engine_arguments
+from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine.options import add_engine_arguments
 from parakeet_stream.host import single_threaded_host, usable_cores
 from parakeet_stream.model.loading import load_model
 from parakeet_stream.model.parakeet import ParakeetModel

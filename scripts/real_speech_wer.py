@@ -29,11 +29,8 @@ sys.path.insert(0, str(ROOT))
 import torch
 from demo_data import normalize
 
-from parakeet_stream.engine import (
-    ASREngine,
-    add_engine_arguments,
-    engine_options,
-)
+from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine.options import add_engine_arguments, engine_options
 from parakeet_stream.host import single_threaded_host
 from parakeet_stream.model.loading import load_model
 from parakeet_stream.model.parakeet import ParakeetModel

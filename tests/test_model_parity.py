@@ -8,9 +8,6 @@ from helpers import collect_until_final, run_stream, tokens_of
 
 from parakeet_stream.model.conformer import EncoderCache
 from parakeet_stream.engine import ASREngine, chunker
-from parakeet_stream.engine.sequence import Sequence
-from parakeet_stream.model.features import FeatureStream
-from parakeet_stream.model.tokenizer import IncrementalDetokenizer
 
 CASES = [
     ("eou_tiny", wav, mode) for wav in ("sentence", "pause", "noise") for mode in ("70,1",)
@@ -38,14 +35,11 @@ def engines(models):
 @torch.inference_mode()
 def stream_encoder(model, audio, lookahead) -> torch.Tensor:
     """Encoder outputs of one stream, chunk by chunk, through the engine's own chunking code."""
-    fcfg = model.cfg.features
-    seq = Sequence(0, lookahead, model.encoder.chunk_spec(lookahead), FeatureStream(model.features),
-                   IncrementalDetokenizer(model.tokenizer), fcfg.n_mels, fcfg.hop_length, fcfg.n_fft)
-    seq.add_samples(audio)
-    chunker.add_features(model.features, [seq], [True])
+    front = chunker.FrontEnd(model.features, model.encoder.chunk_spec(lookahead))
+    chunker.add_features(model.features, [front], [torch.from_numpy(audio)], [True])
     cache = EncoderCache.zeros(model.cfg.encoder, 1)
     outs = []
-    for chunk in chunker.cut(seq, 0, ending=True):
+    for chunk in chunker.cut(front, 0, last=True):
         x, lens = model.encoder.stream_pre_encode(chunk.frames[None], torch.tensor([chunk.length]),
                                                   torch.tensor([chunk.start]), lookahead)
         enc = model.encoder.stream_layers(x, lens, cache, torch.tensor([0]), lookahead)

@@ -1,70 +1,41 @@
-"""ASREngine: the public API over Scheduler and ModelRunner, used by the server, CLIs and tests."""
+"""ASREngine: the public API over Scheduler and ModelRunner, used by the server, CLIs and tests,
+and the step route that joins them."""
 
 from __future__ import annotations
 
-import argparse
 import itertools
+import logging
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from ..audio import check_samples
-from ..model.config import Lookahead, parse_lookahead
-from ..model.features import FeatureStream
-from ..host import available_ram, usable_cores
+from ..audio import SAMPLE_RATE, check_samples
+from ..host import stage_threads
+from ..model.config import Lookahead
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
-from ..model.precision import DTYPES, QUANTIZE, check_precision, parse_dtype, set_precision
-from ..model.tokenizer import IncrementalDetokenizer
+from ..model.precision import check_precision, parse_dtype, set_precision
+from .chunker import FrontEnd
+from .errors import EngineError, QueueFull
+from .inbox import Inbox
 from .info import EngineInfo
 from .model_runner import ModelRunner
-from .scheduler import EngineError, QueueFull, Scheduler
-from .results import StreamResult
+from .options import auto_num_streams
+from .pipeline import DEPTH, Pipeline, Stage
+from .results import DecoderProgress, ResultBuilder, StreamResult
+from .scheduler import Scheduler
 from .sequence import Sequence, Status
+from .step import Step
 
-
-def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dtype, cap: int = 4096) -> int:
-    """Slots that fit in half the free memory of the device (CPU: available RAM), at most `cap`."""
-    enc = model.cfg.encoder
-    frames = max(left for left, _ in enc.att_context_sizes) + max(right + 1 for _, right in enc.att_context_sizes)
-    per_slot = enc.n_layers * enc.d_model * (2 * frames + enc.conv_kernel_size - 1) * torch.finfo(dtype).bits // 8
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-    else:
-        free = available_ram() or 1 << 30
-    return max(1, min(cap, int(free * 0.5) // max(per_slot, 1)))
-
-
-def add_engine_arguments(ap) -> None:
-    """The engine's speed options, shared by parakeet-serve, parakeet-transcribe and the benchmarks."""
-    ap.add_argument("--dtype", default="float32", choices=list(DTYPES),
-                    help="encoder precision (default float32: token-exact with NeMo; bfloat16 pays on CPUs with avx512_bf16/AMX)")
-    ap.add_argument("--quantize", default=None, choices=QUANTIZE, help="dynamic int8 encoder matmuls (CPU only)")
-    ap.add_argument("--threads", type=int, default=None, help="intra-op threads per model stage on CPU (default: usable cores)")
-    ap.add_argument("--lookahead", "--att-context-size", type=_lookahead, default=None,
-                    help="default lookahead mode L,R (attention context frames), e.g. 70,1 (default: the model's first)")
-    ap.add_argument("--latency-budget", type=float, default=None,
-                    help="seconds a chunk may take from its last sample to its result; steps are batched within it "
-                         "(default: two chunks)")
-
-
-def engine_options(args) -> dict:
-    return {"dtype": args.dtype, "quantize": args.quantize, "threads": args.threads, "latency_budget": args.latency_budget,
-            "lookahead": args.lookahead}
-
-
-def _lookahead(text: str) -> Lookahead:
-    try:
-        return parse_lookahead(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
+log = logging.getLogger(__name__)
 
 
 class ASREngine:
-    sample_rate = 16000
+    sample_rate = SAMPLE_RATE
 
     def __init__(
         self,
@@ -91,8 +62,12 @@ class ASREngine:
         if latency_budget is None:  # two chunks: a chunk may wait for others to share its step
             latency_budget = 2 * min(self.chunk_seconds(m) for m in self.lookahead_modes)
         self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_budget, self.sample_rate, max_batch,
-                                   max_in_flight=2)
-        self.runner = ModelRunner(model, self.scheduler, self._notify_all, endpoint_seconds, threads or usable_cores())
+                                   max_in_flight=DEPTH)
+        self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch)
+        tok = model.tokenizer
+        endpoint_frames = max(1, round(endpoint_seconds / model.frame_seconds))
+        self.results = ResultBuilder(model.frame_seconds, tok.eou_id if tok else None, endpoint_frames)
+        self.pipeline = self._route(threads)
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -110,13 +85,14 @@ class ASREngine:
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> "ASREngine":
         if not self._started:
-            self.runner.start()
+            self.pipeline.start()
             self._started = True
         return self
 
     def shutdown(self) -> None:
         if self._started:
-            self.runner.stop()
+            self.scheduler.stop()
+            self.pipeline.join(timeout=10)
             self._started = False
 
     def __enter__(self) -> "ASREngine":
@@ -144,16 +120,13 @@ class ASREngine:
     def create_stream(self, lookahead: Lookahead | None = None) -> int:
         mode = self._check_lookahead(lookahead) if lookahead is not None else self.default_lookahead
         sid = next(self._ids)
-        fcfg = self.model.cfg.features
+        spec, fcfg = self.model.encoder.chunk_spec(mode), self.model.cfg.features
         seq = Sequence(
             stream_id=sid,
             lookahead=mode,
-            spec=self.model.encoder.chunk_spec(mode),
-            frames=FeatureStream(self.model.features),
-            detok=IncrementalDetokenizer(self.model.tokenizer),
-            n_mels=fcfg.n_mels,
-            hop=fcfg.hop_length,
-            n_fft=fcfg.n_fft,
+            inbox=Inbox(spec, fcfg.hop_length, fcfg.n_fft),
+            front=FrontEnd(self.model.features, spec),
+            decoding=DecoderProgress(self.model.tokenizer),
         )
         with self._lock:
             self._seqs[sid] = seq
@@ -176,60 +149,104 @@ class ASREngine:
             raise EngineError("stream_closed", "audio after the end of the stream")
         samples = check_samples(np.asarray(samples, dtype=np.float32))
         if samples.size:
-            completed = seq.add_samples(samples)
+            made_ready = seq.inbox.add(samples)
             with self._lock:
                 self._audio_seconds += samples.size / self.sample_rate
-            if completed:  # a push that completes no chunk changes no scheduling decision
-                self.scheduler.chunk_completed()
+            if made_ready:  # a push that makes no chunk ready changes no scheduling decision
+                self.scheduler.chunk_ready()
 
     def finalize(self, sid: int) -> None:
-        self.scheduler.finish(self._seq(sid))
+        self.scheduler.finalize(self._seq(sid))
 
     def cancel(self, sid: int) -> None:
         with self._lock:
             seq = self._seqs.pop(sid, None)
         if seq is not None:
-            self._notify_all(self.scheduler.cancel(seq))
+            _notify(self.scheduler.cancel(seq))
 
     def collect(self, sid: int) -> list[StreamResult]:
         with self._lock:
             seq = self._seqs.get(sid)
         if seq is None:
             return []
-        results = seq.take_results()
+        results = seq.outbox.take()
         if any(r.is_final for r in results):
             with self._lock:
                 self._seqs.pop(sid, None)
         return results
 
     def add_listener(self, sid: int, callback: Callable[[], None]) -> None:
-        seq = self._seq(sid)
-        with seq.lock:
-            seq.listeners.append(callback)
+        self._seq(sid).outbox.listen(callback)
 
     def wait_for_update(self, sid: int, timeout: float | None = None) -> bool:
         """Block until the stream has results or its queue position changed (True), or timeout."""
-        seq = self._seq(sid)
+        outbox = self._seq(sid).outbox
         event = threading.Event()
-        with seq.lock:
-            if seq.results:
-                return True
-            seq.listeners.append(event.set)
+        if not outbox.listen(event.set, unless_waiting=True):
+            return True
         try:
             return event.wait(timeout)
         finally:
-            with seq.lock:
-                seq.listeners.remove(event.set)
+            outbox.unlisten(event.set)
 
     def healthy(self) -> bool:
         """The stage threads are running (False once one has died or the engine stopped)."""
-        return self._started and self.runner.alive()
+        return self._started and self.pipeline.alive()
 
     def stats(self) -> dict:
         out = self.scheduler.stats()
         with self._lock:
             out["audio_seconds"] = self._audio_seconds
         return out
+
+    # --- the step route: schedule -> pre-encode -> encode -> decode -> postprocess -> publish ---
+    def _route(self, threads: int | None) -> Pipeline:
+        """Each stage on its own thread (pipeline.py); postprocess and publish follow decode on its
+        thread. The runner's stages are looked up at each step, so replacing one (fault injection) works."""
+        runner = self.runner
+        team = stage_threads(self.device, encoder=True, threads=threads)
+        alone = stage_threads(self.device, encoder=False, threads=threads)
+        return Pipeline(
+            schedule=self.scheduler.schedule,
+            stages=[
+                Stage("pre-encode", lambda step: runner.pre_encode(step), alone),
+                Stage("encode", lambda step: runner.encode(step), team),
+                Stage("decode", self._decode, alone),
+            ],
+            deliver=self._deliver,
+            fail=self._fail,
+        )
+
+    def _decode(self, step: Step) -> None:
+        """The runner's greedy pass, then each chunk's result: text, times, end of utterance."""
+        self.runner.decode(step)
+        now = time.monotonic()
+        for item in step:
+            if not item.live:
+                continue
+            seq = item.seq
+            for r, tokens in enumerate(item.tokens):
+                ready = item.ready_times[r] if r < len(item.ready_times) else item.final_at
+                result = self.results.build(seq.stream_id, seq.decoding, tokens, item.encoded[r].size(0), False, now - ready)
+                step.results.append((seq, result))
+            if item.last:
+                step.results.append((seq, self.results.build(seq.stream_id, seq.decoding, [], 0, True, None)))
+
+    def _deliver(self, step: Step) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            ms = {k: round(v * 1000, 1) for k, v in step.seconds.items()}
+            wall = (time.monotonic() - step.started) * 1000
+            log.debug("step: %d streams, %d results, %s ms, %.1f ms wall", len(step), len(step.results), ms, wall)
+        _, changed = self.scheduler.postprocess(step)  # first, so a slot is free once its final result is out
+        for seq, result in step.results:
+            seq.outbox.publish(result)
+        _notify(changed)
+
+    def _fail(self, step: Step) -> None:
+        failed, changed = self.scheduler.postprocess(step, failed=True)
+        for seq in failed:
+            seq.outbox.publish(StreamResult(seq.stream_id, [], "", is_final=True, error="inference_error"))
+        _notify(changed)
 
     # --- internals ------------------------------------------------------------------------
     def _seq(self, sid: int) -> Sequence:
@@ -239,7 +256,8 @@ class ASREngine:
             raise EngineError("unknown_stream", f"no stream {sid}")
         return seq
 
-    @staticmethod
-    def _notify_all(seqs) -> None:
-        for s in seqs:
-            s.notify()
+
+def _notify(seqs: list[Sequence]) -> None:
+    """Tell the streams' listeners that their slot or queue place changed."""
+    for seq in seqs:
+        seq.outbox.notify()

@@ -10,7 +10,7 @@ from ..model.tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class EngineInfo:
-    sample_rate: int  # of the audio push_audio takes
+    sample_rate: int  # of the audio push_audio takes: audio.SAMPLE_RATE
     frame_seconds: float  # stream seconds per encoder frame (token times are multiples of it)
     tokenizer: Tokenizer | None
     lookahead_modes: tuple[Lookahead, ...]

@@ -58,8 +58,8 @@ def plan(ready: list[Ready[T]], upcoming: list[float], now: float, cost: StepCos
          max_batch: int, align: bool) -> tuple[list[T], float | None]:
     """Decide the next step.
 
-    ready: streams with a complete chunk; upcoming: predicted completion times of the other
-    running streams' next chunks; align: hold ready chunks for due ones (the scheduler asks for it
+    ready: streams with a ready chunk; upcoming: predicted times at which the other
+    running streams' next chunks are ready; align: hold ready chunks for due ones (the scheduler asks for it
     when the model is idle but loaded: with a step running, what arrives meanwhile batches anyway).
     Returns (streams to run now, None), or ([], seconds to wait before deciding again); with
     nothing ready, ([], None): wait for an arrival.

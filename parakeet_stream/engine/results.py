@@ -1,8 +1,14 @@
-"""What a stream gets back: results, and how the decode stage builds them from new tokens."""
+"""What a stream gets back: results, how they are built from new tokens, and the outbox that
+holds them until the client takes them."""
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
+
+from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 MAX_PENDING_RESULTS = 32  # beyond this, new results merge into the newest one (nothing is dropped)
 
@@ -12,7 +18,7 @@ class StreamResult:
     stream_id: int
     token_ids: list[int]
     text: str
-    is_final: bool
+    is_final: bool  # the stream's last result: it answers the client's final (or says why there is none)
     utterance_end: bool = False
     start: float | None = None
     end: float | None = None
@@ -35,8 +41,20 @@ class StreamResult:
         self.error = self.error or later.error
 
 
+class DecoderProgress:
+    """One stream's decoding so far, written by the decode stage only (through ResultBuilder):
+    encoder frames decoded, the frame of the last token, whether the open utterance has tokens,
+    and the incremental detokenizer."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.frames_decoded = 0
+        self.last_token_frame = -1
+        self.utterance_has_tokens = False
+
+
 class ResultBuilder:
-    """Turns one step's new tokens of a stream into its result: text, timing, end of utterance.
+    """Turns one chunk's new tokens of a stream into its result: text, timing, end of utterance.
 
     Models with `<EOU>` end an utterance with it; others end one after `endpoint_frames` blank
     frames following a token.
@@ -47,35 +65,79 @@ class ResultBuilder:
         self.eou_id = eou_id
         self.endpoint_frames = endpoint_frames
 
-    def build(self, seq, tokens: list[tuple[int, int]], frames: int, last: bool, latency: float | None):
-        """tokens: (id, frame within this step); frames: encoder frames decoded in this step."""
+    def build(self, stream_id: int, progress: DecoderProgress, tokens: list[tuple[int, int]], frames: int,
+              final: bool, latency: float | None) -> StreamResult:
+        """tokens: (id, frame within the chunk); frames: encoder frames of the chunk; final: the stream's last result."""
         ids = [tok for tok, _ in tokens]
-        at = [seq.frames_decoded + t for _, t in tokens]
-        seq.frames_decoded += frames
-        text = seq.detok.push(ids) + (seq.detok.flush() if last else "")
+        at = [progress.frames_decoded + t for _, t in tokens]
+        progress.frames_decoded += frames
+        text = progress.detok.push(ids) + (progress.detok.flush() if final else "")
         return StreamResult(
-            stream_id=seq.stream_id,
+            stream_id=stream_id,
             token_ids=ids,
             text=text,
-            is_final=last,
-            utterance_end=self._utterance_end(seq, ids, at),
+            is_final=final,
+            utterance_end=self._utterance_end(progress, ids, at),
             start=at[0] * self.fs if at else None,
             end=at[-1] * self.fs if at else None,
             token_times=[f * self.fs for f in at],
-            audio_seconds=seq.frames_decoded * self.fs,
+            audio_seconds=progress.frames_decoded * self.fs,
             latency=latency,
         )
 
-    def _utterance_end(self, seq, ids: list[int], frames: list[int]) -> bool:
+    def _utterance_end(self, progress: DecoderProgress, ids: list[int], frames: list[int]) -> bool:
         if frames:
-            seq.last_token_frame = frames[-1]
-            seq.utterance_has_tokens = True
+            progress.last_token_frame = frames[-1]
+            progress.utterance_has_tokens = True
         if self.eou_id is not None:
             ended = self.eou_id in ids
             if ended:
-                seq.utterance_has_tokens = ids[-1] != self.eou_id
+                progress.utterance_has_tokens = ids[-1] != self.eou_id
             return ended
-        if seq.utterance_has_tokens and seq.frames_decoded - 1 - seq.last_token_frame >= self.endpoint_frames:
-            seq.utterance_has_tokens = False
+        if progress.utterance_has_tokens and progress.frames_decoded - 1 - progress.last_token_frame >= self.endpoint_frames:
+            progress.utterance_has_tokens = False
             return True
         return False
+
+
+class Outbox:
+    """Results waiting for the client, under its own lock: the engine publishes them (from the
+    stage threads), client threads take them and listen for news."""
+
+    def __init__(self) -> None:
+        self._results: deque[StreamResult] = deque()
+        self._listeners: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def publish(self, result: StreamResult) -> None:
+        with self._lock:
+            if len(self._results) >= MAX_PENDING_RESULTS:
+                self._results[-1].merge(result)
+            else:
+                self._results.append(result)
+        self.notify()
+
+    def take(self) -> list[StreamResult]:
+        with self._lock:
+            out = list(self._results)
+            self._results.clear()
+            return out
+
+    def listen(self, callback: Callable[[], None], unless_waiting: bool = False) -> bool:
+        """Call `callback` on every result and queue change; with `unless_waiting`, only if no
+        result is waiting (False, and no listener added, when one is)."""
+        with self._lock:
+            if unless_waiting and self._results:
+                return False
+            self._listeners.append(callback)
+            return True
+
+    def unlisten(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._listeners.remove(callback)
+
+    def notify(self) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for fn in listeners:
+            fn()

@@ -2,8 +2,8 @@
 
 As nano-vllm's: `schedule()` picks the next step (which streams, how many of their chunks)
 by the deadline policy in policy.py; the runner executes it; `postprocess()` takes it back,
-releases finished streams' slots and admits waiting ones. Stream status, slot and in-flight
-count change here only, under one lock.
+releases finished streams' slots and admits waiting ones. A stream's lifecycle (status, slot,
+steps in flight, chunks scheduled, its final's time) changes here only, under one lock.
 """
 
 from __future__ import annotations
@@ -11,62 +11,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
-import torch
-
+from .errors import QueueFull
 from .policy import LOADED, SATURATED, Ready, StepCost, plan
-from .sequence import Sequence, Status
+from .sequence import DEAD, Sequence, Status
+from .step import Step, StepItem
 
-DEAD = (Status.CANCELLED, Status.FAILED)
 BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
-
-
-class EngineError(Exception):
-    """What the engine refuses, with a stable code (the server's error codes reuse it)."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class QueueFull(EngineError):
-    def __init__(self, message: str = "all slots are busy and the waiting queue is full"):
-        super().__init__("queue_full", message)
-
-
-@dataclass
-class StepItem:
-    """One stream's share of a step; the stages fill in what they produce."""
-
-    seq: Sequence
-    slot: int
-    chunks: int  # complete chunks to cut; with `last`, everything left
-    last: bool  # the stream's final step
-    first: bool  # the stream's first chunk is in it: its cache slot starts from zero
-    ready_times: list[float]  # arrival of the last sample each complete chunk needed
-    samples_upto: int | None  # samples of the stream its chunks need (None: all, at its end)
-    pre: list[tuple[torch.Tensor, int]] = field(default_factory=list)  # pre-encoded chunks (x, valid)
-    encoded: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def live(self) -> bool:
-        return self.seq.status not in DEAD
-
-
-@dataclass
-class Step:
-    items: list[StepItem]
-    started: float
-    seconds: dict[str, float] = field(default_factory=dict)  # time spent in each stage
-    results: list = field(default_factory=list)  # (sequence, result) built by the decode stage
-
-    def __iter__(self):
-        return iter(self.items)
-
-    def __len__(self) -> int:
-        return len(self.items)
 
 
 class Scheduler:
@@ -104,18 +55,18 @@ class Scheduler:
         with self._cv:
             return self.waiting.index(seq) + 1 if seq.status is Status.WAITING and seq in self.waiting else 0
 
-    def chunk_completed(self) -> None:
+    def chunk_ready(self) -> None:
         with self._cv:
             self._cv.notify_all()
 
-    def finish(self, seq: Sequence) -> bool:
-        """The client's final: the rest of its audio is transcribed. False if it had already ended."""
+    def finalize(self, seq: Sequence) -> bool:
+        """The client's final: the rest of its audio is transcribed. False after a final or once dead."""
         with self._cv:
             if seq.final_at is not None or seq.status in DEAD:
                 return False
             seq.final_at = time.monotonic()
             if seq.status is Status.RUNNING:
-                seq.status = Status.ENDING
+                seq.status = Status.FINALIZING
             self._cv.notify_all()
             return True
 
@@ -127,13 +78,13 @@ class Scheduler:
                 i = self.waiting.index(seq)
                 self.waiting.remove(seq)
                 return list(self.waiting)[i:]
-            if seq.status in (Status.RUNNING, Status.ENDING):
+            if seq.status in (Status.RUNNING, Status.FINALIZING):
                 seq.status = Status.CANCELLED
                 if seq.in_flight == 0:
                     return self._release(seq)
             return []
 
-    # --- steps (pre-encode thread) ---------------------------------------------------------
+    # --- steps (schedule: the pre-encode thread; postprocess: the decode thread, or a failed stage's)
     def schedule(self) -> Step | None:
         """Block until the policy starts a step; None once stopped."""
         with self._cv:
@@ -190,32 +141,31 @@ class Scheduler:
     def _candidates(self, now: float) -> tuple[list[Ready[Sequence]], list[float]]:
         ready, upcoming = [], []
         for seq in self.active.values():
-            if seq.end_scheduled or seq.status in DEAD:
+            if seq.last_scheduled or seq.status in DEAD:
                 continue
-            with seq.lock:
-                if seq.ready_times:
-                    ready.append(Ready(seq.ready_times[0], seq))
-                elif seq.status is Status.ENDING:
-                    ready.append(Ready(seq.final_at, seq))
-                elif seq.chunks_complete:  # predicted from real-time pacing
-                    missing = seq.samples_for(seq.chunks_complete) - seq.samples_in
-                    upcoming.append(seq.last_arrival + missing / self.sample_rate)
+            ready_at, due = seq.inbox.next_chunk(self.sample_rate)
+            if ready_at is not None:
+                ready.append(Ready(ready_at, seq))
+            elif seq.status is Status.FINALIZING:
+                ready.append(Ready(seq.final_at, seq))
+            elif due is not None:
+                upcoming.append(due)
         return ready, upcoming
 
     def _make_step(self, seqs: list[Sequence], now: float) -> Step:
         items = []
         for seq in seqs:
-            # a long backlog goes in several steps so that live streams are not held behind it
-            last = seq.status is Status.ENDING and len(seq.ready_times) <= self.max_chunks_per_step
-            times = seq.take_ready(self.max_chunks_per_step)
+            times = seq.inbox.take_ready(self.max_chunks_per_step)
             first = seq.chunks_scheduled == 0
             seq.chunks_scheduled += len(times)
+            # a long backlog goes in several steps so that live streams are not held behind it
+            last = seq.status is Status.FINALIZING and seq.chunks_scheduled == seq.inbox.chunks_ready
             # a backlog is framed only as far as this step's chunks need: features of all of it at once would
             # cost memory and time for chunks later steps take
-            upto = None if last else seq.samples_for(seq.chunks_scheduled - 1)
-            seq.end_scheduled = last
+            upto = None if last else seq.inbox.samples_for(seq.chunks_scheduled - 1)
+            seq.last_scheduled = last
             seq.in_flight += 1
-            items.append(StepItem(seq, seq.slot, len(times), last, first, times, upto))
+            items.append(StepItem(seq, seq.slot, len(times), last, first, times, seq.final_at, upto))
         self._steps_in_flight += 1
         return Step(items, now)
 
@@ -226,14 +176,14 @@ class Scheduler:
 
     def _admit(self, seq: Sequence) -> None:
         seq.slot = self.free.popleft()
-        seq.status = Status.ENDING if seq.final_at is not None else Status.RUNNING
+        seq.status = Status.FINALIZING if seq.final_at is not None else Status.RUNNING
         self.active[seq.stream_id] = seq
 
     def _release(self, seq: Sequence) -> list[Sequence]:
         """Free the stream's slot and admit waiting streams; returns every stream whose state changed."""
         self.free.append(seq.slot)
         seq.slot = None
-        if seq.status is Status.ENDING:
+        if seq.status is Status.FINALIZING:
             seq.status = Status.FINISHED
         self.active.pop(seq.stream_id, None)
         admitted = []

@@ -27,7 +27,7 @@ class ChunkSpec:
     pre_cache: int  # mel frames of the previous chunk prepended to later chunks
     drop: int  # leading pre-encoded frames dropped from every later chunk
     out_frames: int  # encoder frames per full chunk
-    factor: int  # subsampling factor: a last chunk shorter than this is dropped, as NeMo does
+    factor: int  # subsampling factor
 
     @property
     def window(self) -> int:
@@ -37,6 +37,21 @@ class ChunkSpec:
     @property
     def first_pad(self) -> int:
         return self.window - self.first_frames
+
+    def frames_through(self, chunk: int) -> int:
+        """Mel frames of a stream up to the end of its chunk `chunk` (0-based), lookahead included:
+        the one definition of where a chunk ends (both the samples and the frames a chunk waits
+        for are counted from it)."""
+        return self.first_frames + chunk * self.chunk_frames
+
+    def size(self, chunk: int) -> int:
+        """Mel frames of chunk `chunk` alone."""
+        return self.frames_through(chunk) - (self.frames_through(chunk - 1) if chunk else 0)
+
+    def shortest_last(self, chunk: int) -> int:
+        """Fewest mel frames a partial last chunk `chunk` keeps: NeMo's streaming buffer drops a last
+        piece shorter than one subsampling step (a first chunk keeps any)."""
+        return 1 if chunk == 0 else self.factor
 
 
 def chunk_spec(lookahead: Lookahead, factor: int) -> ChunkSpec:
@@ -61,15 +76,14 @@ class EncoderCache:
     """
 
     keys: torch.Tensor  # [layers, B, C + T, D] projected keys of the last frames
-    values: torch.Tensor  # [layers, B, C, D]
+    values: torch.Tensor  # [layers, B, C + T, D]
     conv: torch.Tensor  # [layers, B, D, kernel-1] depthwise-conv inputs of the last frames
     length: torch.Tensor  # [B] valid frames of left context (at most C)
     head: torch.Tensor  # [B] ring index where the next frame is written
 
     @classmethod
     def zeros(cls, cfg: EncoderConfig, batch: int, device=None, dtype=torch.float32) -> "EncoderCache":
-        c = max(left for left, _ in cfg.att_context_sizes) + max(right + 1 for _, right in cfg.att_context_sizes)
-        kv = (cfg.n_layers, batch, c, cfg.d_model)
+        kv = (cfg.n_layers, batch, _ring_frames(cfg), cfg.d_model)
         return cls(
             keys=torch.zeros(kv, device=device, dtype=dtype),
             values=torch.zeros(kv, device=device, dtype=dtype),
@@ -78,12 +92,23 @@ class EncoderCache:
             head=torch.zeros(batch, dtype=torch.long, device=device),
         )
 
+    @staticmethod
+    def slot_bytes(cfg: EncoderConfig, dtype: torch.dtype) -> int:
+        """Memory of one stream's keys, values and conv inputs (what `zeros` allocates per row)."""
+        frames = 2 * _ring_frames(cfg) + cfg.conv_kernel_size - 1
+        return cfg.n_layers * cfg.d_model * frames * torch.finfo(dtype).bits // 8
+
     def reset(self, idx: torch.Tensor) -> None:
         self.keys[:, idx] = 0
         self.values[:, idx] = 0
         self.conv[:, idx] = 0
         self.length[idx] = 0
         self.head[idx] = 0
+
+
+def _ring_frames(cfg: EncoderConfig) -> int:
+    """C + T of EncoderCache: the longest left context and the most frames one step adds."""
+    return max(left for left, _ in cfg.att_context_sizes) + max(right + 1 for _, right in cfg.att_context_sizes)
 
 
 class FeedForward(nn.Module):

@@ -42,14 +42,26 @@ class Joint(nn.Module):
 
 @dataclass
 class DecoderState:
-    """Per-stream greedy state: LSTM state and the projected predictor output for the last token."""
+    """Greedy state of a batch of streams, or of the whole slot pool: the LSTM state and the
+    projected predictor output for the last token. Its users move rows with `gather`, `scatter`
+    and `reset`, as EncoderCache's do, and never touch the fields."""
 
     h: torch.Tensor  # [layers, B, H]
     c: torch.Tensor  # [layers, B, H]
     g: torch.Tensor  # [B, J]
+    start: "DecoderState | None" = None  # a pool's: one stream before any token, what `reset` writes
 
-    def select(self, idx: torch.Tensor) -> "DecoderState":
-        return DecoderState(self.h[:, idx], self.c[:, idx], self.g[idx])
+    def gather(self, slots: torch.Tensor) -> "DecoderState":
+        """The state of the streams at `slots` (a copy)."""
+        return DecoderState(self.h[:, slots], self.c[:, slots], self.g[slots])
+
+    def scatter(self, slots: torch.Tensor, state: "DecoderState") -> None:
+        """Write `state` (one row per slot, or one row for all) back at `slots`."""
+        self.h[:, slots], self.c[:, slots], self.g[slots] = state.h, state.c, state.g
+
+    def reset(self, slots: torch.Tensor) -> None:
+        """The streams at `slots` start over (a pool made by `GreedyDecoder.state_pool` only)."""
+        self.scatter(slots, self.start)
 
 
 @dataclass
@@ -81,6 +93,11 @@ class GreedyDecoder(nn.Module):
         start = torch.full((batch, 1), self.blank, device=device, dtype=torch.long)
         out, (h, c) = self.predictor(start, (zeros, zeros.clone()))
         return DecoderState(h, c, self.joint.pred(out[:, 0]))
+
+    def state_pool(self, slots: int, device=None) -> DecoderState:
+        """The states of `slots` streams, every one at the start, with `reset` to start one over."""
+        start = self.initial_state(1, device)
+        return DecoderState(start.h.repeat(1, slots, 1), start.c.repeat(1, slots, 1), start.g.repeat(slots, 1), start)
 
     @torch.no_grad()
     def decode(self, enc: torch.Tensor, lengths: torch.Tensor, state: DecoderState) -> tuple[Emission, DecoderState]:

@@ -8,12 +8,8 @@ import sys
 
 import trio
 
-from ..engine import (
-    ASREngine,
-    EngineError,
-    add_engine_arguments,
-    engine_options,
-)
+from ..engine import ASREngine, EngineError
+from ..engine.options import add_engine_arguments, engine_options
 from ..host import single_threaded_host
 from ..model.device import check_device
 from ..model.errors import DeviceError, ModelNotFound

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from ..audio import AudioError, read_audio
-from ..engine import ASREngine, add_engine_arguments, engine_options
+from ..engine import ASREngine
+from ..engine.options import add_engine_arguments, engine_options
 from ..host import single_threaded_host
 from ..model.errors import ModelNotFound
 from ..model.loading import load_model

@@ -1,0 +1,107 @@
+"""One stream's audio inbox: the samples client threads push, and which chunks they make ready."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from ..model.conformer import ChunkSpec
+
+
+class SampleBuffer:
+    """Contiguous float32 samples with amortised growth: one array per stream, never one per push."""
+
+    def __init__(self) -> None:
+        self._buf = np.empty(4096, np.float32)
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def append(self, samples: np.ndarray) -> None:
+        need = self._len + samples.size
+        if need > self._buf.size:
+            grown = np.empty(max(need, 2 * self._buf.size), np.float32)
+            grown[: self._len] = self._buf[: self._len]
+            self._buf = grown
+        self._buf[self._len : need] = samples
+        self._len = need
+
+    def take(self, n: int | None = None) -> np.ndarray:
+        """The oldest `n` samples (all when None); the rest move to the front."""
+        n = self._len if n is None else min(n, self._len)
+        out = self._buf[:n].copy()
+        rest = self._len - n
+        if rest == 0 and self._buf.size > 1 << 16:  # give back what a backlog grew
+            self._buf = np.empty(4096, np.float32)
+        else:
+            self._buf[:rest] = self._buf[n : self._len]
+        self._len = rest
+        return out
+
+
+class Inbox:
+    """Written by the client threads (`add`), under its lock. The others only take what was
+    added: the Scheduler the arrival times of ready chunks, the pre-encode stage the samples.
+
+    A chunk is ready once the samples whose log-mel frames reach its end (ChunkSpec.frames_through)
+    arrived; the pre-encode stage cuts it by the same frame count.
+    """
+
+    def __init__(self, spec: ChunkSpec, hop: int, n_fft: int):
+        self.spec = spec
+        self._hop = hop
+        self._tail = n_fft - n_fft // 2  # the centred STFT's frame f ends at sample f * hop + _tail
+        self._samples = SampleBuffer()
+        self._ready_times: deque[float] = deque()  # arrival of the sample making each chunk ready, not yet taken
+        self.samples_in = 0
+        self._last_arrival = 0.0
+        self.chunks_ready = 0
+        self._next_ready = self.samples_for(0)  # samples that make the next chunk ready
+        self._lock = threading.Lock()
+
+    def samples_for(self, chunk: int) -> int:
+        """Samples a stream needs before its chunk `chunk` (0-based) is ready, lookahead included."""
+        return (self.spec.frames_through(chunk) - 1) * self._hop + self._tail
+
+    # --- client threads -------------------------------------------------------------------
+    def add(self, samples: np.ndarray) -> bool:
+        """Append samples; True when they made a chunk ready (only then is there news for the Scheduler)."""
+        now = time.monotonic()
+        with self._lock:
+            self._samples.append(samples)
+            self.samples_in += samples.size
+            self._last_arrival = now
+            before = self.chunks_ready
+            while self.samples_in >= self._next_ready:
+                self._ready_times.append(now)
+                self.chunks_ready += 1
+                self._next_ready = self.samples_for(self.chunks_ready)
+            return self.chunks_ready > before
+
+    # --- the Scheduler ----------------------------------------------------------------------
+    def next_chunk(self, sample_rate: int) -> tuple[float | None, float | None]:
+        """(arrival time of the oldest ready chunk not taken yet, None); with none ready, (None,
+        when the next one will be at real-time pacing, or None before the first one)."""
+        with self._lock:
+            if self._ready_times:
+                return self._ready_times[0], None
+            if not self.chunks_ready:
+                return None, None
+            return None, self._last_arrival + (self._next_ready - self.samples_in) / sample_rate
+
+    def take_ready(self, n: int) -> list[float]:
+        """Arrival times of the next `n` ready chunks (the Scheduler schedules them)."""
+        with self._lock:
+            return [self._ready_times.popleft() for _ in range(min(n, len(self._ready_times)))]
+
+    # --- the pre-encode stage ---------------------------------------------------------------
+    def take_samples(self, upto: int | None = None) -> torch.Tensor:
+        """Samples not taken yet, up to the `upto`-th of the stream (all when None)."""
+        with self._lock:
+            taken = self.samples_in - len(self._samples)
+            return torch.from_numpy(self._samples.take(None if upto is None else max(0, upto - taken)))

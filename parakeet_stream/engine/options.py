@@ -1,0 +1,49 @@
+"""The engine's options as programs take them: command-line flags, and the slot count sized to memory.
+
+Shared by parakeet-serve, parakeet-transcribe and the benchmarks; ASREngine itself takes plain
+keyword arguments (`ASREngine(..., **engine_options(args))`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ..host import free_memory
+from ..model.config import Lookahead, parse_lookahead
+from ..model.conformer import EncoderCache
+from ..model.parakeet import ParakeetModel
+from ..model.precision import DTYPES, QUANTIZE
+
+
+def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
+    """The engine's speed options."""
+    ap.add_argument("--dtype", default="float32", choices=list(DTYPES),
+                    help="encoder precision (default float32: token-exact with NeMo; bfloat16 pays on CPUs with avx512_bf16/AMX)")
+    ap.add_argument("--quantize", default=None, choices=QUANTIZE, help="dynamic int8 encoder matmuls (CPU only)")
+    ap.add_argument("--threads", type=int, default=None, help="intra-op threads per model stage on CPU (default: usable cores)")
+    ap.add_argument("--lookahead", "--att-context-size", type=_lookahead, default=None,
+                    help="default lookahead mode L,R (attention context frames), e.g. 70,1 (default: the model's first)")
+    ap.add_argument("--latency-budget", type=float, default=None,
+                    help="seconds a chunk may take from its last sample to its result; steps are batched within it "
+                         "(default: two chunks)")
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """The parsed flags as ASREngine keyword arguments."""
+    return {"dtype": args.dtype, "quantize": args.quantize, "threads": args.threads, "latency_budget": args.latency_budget,
+            "lookahead": args.lookahead}
+
+
+def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dtype, cap: int = 4096) -> int:
+    """Slots whose encoder caches fit in half the free memory of the device, at most `cap`."""
+    per_slot = max(EncoderCache.slot_bytes(model.cfg.encoder, dtype), 1)
+    return max(1, min(cap, int(free_memory(device) * 0.5) // per_slot))
+
+
+def _lookahead(text: str) -> Lookahead:
+    try:
+        return parse_lookahead(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None

@@ -1,0 +1,81 @@
+"""The stage threads: one thread per stage, joined by FIFO queues, two steps in flight.
+
+The first thread takes each step from `schedule`; every thread runs its stage on the step and
+hands it to the next; after the last stage, `deliver` runs on the last thread. A stage that
+raises hands its step to `fail` instead, so only that step's streams fail. FIFO queues keep a
+stream's steps in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .step import Step
+
+log = logging.getLogger(__name__)
+
+# Steps in flight (the Scheduler starts no more): one step's decode overlaps the next one's
+# encode, and on CUDA the host prepares a step while the device runs the other.
+DEPTH = 2
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[Step], None]
+    threads: int | None = None  # intra-op threads of its thread (None: torch's default)
+
+
+class Pipeline:
+    def __init__(self, schedule: Callable[[], Step | None], stages: list[Stage],
+                 deliver: Callable[[Step], None], fail: Callable[[Step], None]):
+        self._deliver, self._fail = deliver, fail
+        queues = [queue.Queue() for _ in stages[1:]]
+        takes = [schedule] + [q.get for q in queues]
+        self._threads = [
+            threading.Thread(target=self._loop, args=(stage, take, out), name=stage.name, daemon=True)
+            for stage, take, out in zip(stages, takes, queues + [None])
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def join(self, timeout: float) -> None:
+        """After `schedule` returned None: each thread passes the stop on and ends."""
+        for t in self._threads:
+            t.join(timeout=timeout)
+
+    def alive(self) -> bool:
+        return all(t.is_alive() for t in self._threads)
+
+    def _loop(self, stage: Stage, take: Callable, out: queue.Queue | None) -> None:
+        if stage.threads is not None:  # per thread: on CPU each thread has its own OpenMP team
+            torch.set_num_threads(stage.threads)
+        while True:
+            step = take()
+            if step is None or step is _STOP:
+                if out is not None:
+                    out.put(_STOP)
+                return
+            start = time.perf_counter()
+            try:
+                with torch.inference_mode():
+                    stage.run(step)
+            except Exception as exc:  # noqa: BLE001 - a model fault must not kill the thread
+                log.error("inference failed for %d stream(s): %r", len(step), exc)
+                self._fail(step)
+                continue
+            step.seconds[stage.name] = time.perf_counter() - start
+            if out is not None:
+                out.put(step)
+            else:
+                self._deliver(step)

@@ -1,0 +1,43 @@
+"""The engine's options outside its API: flags, the slot count sized to memory, stage thread policy."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+
+import pytest
+import torch
+
+from parakeet_stream import host
+from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine import options
+from parakeet_stream.model.conformer import EncoderCache
+
+
+def test_flags_become_engine_keyword_arguments():
+    ap = argparse.ArgumentParser()
+    options.add_engine_arguments(ap)
+    kwargs = options.engine_options(ap.parse_args(["--att-context-size", "70,6", "--threads", "3"]))
+    assert kwargs["lookahead"] == (70, 6) and kwargs["threads"] == 3 and kwargs["dtype"] == "float32"
+    assert set(kwargs) <= set(inspect.signature(ASREngine).parameters)
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--lookahead", "70"])
+
+
+def test_auto_slots_fill_half_the_free_memory(eou_model, monkeypatch):
+    per_slot = EncoderCache.slot_bytes(eou_model.cfg.encoder, torch.float32)
+    cache = EncoderCache.zeros(eou_model.cfg.encoder, 1)
+    assert per_slot == sum(t.numel() * t.element_size() for t in (cache.keys, cache.values, cache.conv))
+    monkeypatch.setattr(options, "free_memory", lambda device: 20 * per_slot)
+    assert options.auto_num_streams(eou_model, torch.device("cpu"), torch.float32) == 10
+    assert options.auto_num_streams(eou_model, torch.device("cpu"), torch.float32, cap=4) == 4
+    monkeypatch.setattr(options, "free_memory", lambda device: 0)
+    assert options.auto_num_streams(eou_model, torch.device("cpu"), torch.float32) == 1
+
+
+def test_only_the_encode_stage_gets_an_openmp_team_on_cpu():
+    cpu = torch.device("cpu")
+    assert host.stage_threads(cpu, encoder=True, threads=3) == 3
+    assert host.stage_threads(cpu, encoder=True) == host.usable_cores()
+    assert host.stage_threads(cpu, encoder=False, threads=3) == 1
+    assert host.stage_threads(torch.device("cuda"), encoder=True, threads=3) is None

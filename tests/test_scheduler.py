@@ -1,0 +1,192 @@
+"""The Scheduler's lifecycle on its own: admission, queue positions, final, cancel, failure, slot reuse.
+
+Sequences here carry only what the Scheduler touches (lifecycle and inbox): their front end and
+decoder progress are None, so any reach into another party's state fails.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from parakeet_stream.engine.errors import QueueFull
+from parakeet_stream.engine.inbox import Inbox
+from parakeet_stream.engine.scheduler import Scheduler
+from parakeet_stream.engine.sequence import Sequence, Status
+from parakeet_stream.model.conformer import chunk_spec
+
+MODE = (70, 1)
+SPEC = chunk_spec(MODE, 8)
+HOP, N_FFT, RATE = 160, 512, 16000
+_ids = iter(range(1, 10**6))
+
+
+def seq() -> Sequence:
+    return Sequence(next(_ids), MODE, Inbox(SPEC, HOP, N_FFT), front=None, decoding=None)
+
+
+def scheduler(slots: int = 2, queue: int = 3) -> Scheduler:
+    return Scheduler(slots, queue, budget=0.32, sample_rate=RATE, max_in_flight=2)
+
+
+def give_chunks(s: Sequence, n: int) -> None:
+    """Exactly enough samples to make the stream's next `n` chunks ready."""
+    need = s.inbox.samples_for(s.inbox.chunks_ready + n - 1) - s.inbox.samples_in
+    s.inbox.add(np.zeros(need, np.float32))
+
+
+def test_admits_up_to_the_slots_then_queues_in_order():
+    sch = scheduler()
+    seqs = [seq() for _ in range(5)]
+    assert [sch.add(s) for s in seqs] == [True, True, False, False, False]
+    assert [s.status for s in seqs] == [Status.RUNNING] * 2 + [Status.WAITING] * 3
+    assert sorted(s.slot for s in seqs[:2]) == [0, 1] and seqs[2].slot is None
+    assert [sch.position(s) for s in seqs] == [0, 0, 1, 2, 3]
+    with pytest.raises(QueueFull):
+        sch.add(seq())
+    assert sch.stats() == {"active": 2, "queued": 3, "free_slots": 0, "max_num_streams": 2, "max_queue": 3}
+
+
+def test_a_step_takes_the_ready_chunks():
+    sch = scheduler()
+    s = seq()
+    sch.add(s)
+    give_chunks(s, 3)
+    step = sch.schedule()
+    (item,) = step.items
+    assert (item.seq, item.slot, item.chunks, item.first, item.last) == (s, s.slot, 3, True, False)
+    assert item.samples_upto == s.inbox.samples_for(2) and len(item.ready_times) == 3
+    assert (s.in_flight, s.chunks_scheduled) == (1, 3)
+    give_chunks(s, 1)
+    assert sch.schedule().items[0].first is False
+
+
+def test_final_makes_the_last_step_then_the_stream_finishes_and_its_slot_goes_to_the_next():
+    sch = scheduler(slots=1)
+    s, waiter = seq(), seq()
+    sch.add(s)
+    sch.add(waiter)
+    give_chunks(s, 1)
+    assert sch.finalize(s) is True and sch.finalize(s) is False
+    assert s.status is Status.FINALIZING and s.final_at is not None
+    step = sch.schedule()
+    item = step.items[0]
+    assert item.last and item.chunks == 1 and item.samples_upto is None and item.final_at == s.final_at
+    assert s.last_scheduled
+    failed, changed = sch.postprocess(step)
+    assert failed == [] and changed == [waiter]
+    assert s.status is Status.FINISHED and s.slot is None
+    assert waiter.status is Status.RUNNING and waiter.slot == 0 and sch.position(waiter) == 0
+
+
+def test_final_with_nothing_ready_is_a_step_of_its_own():
+    sch = scheduler()
+    s = seq()
+    sch.add(s)
+    s.inbox.add(np.zeros(100, np.float32))  # less than a chunk
+    sch.finalize(s)
+    item = sch.schedule().items[0]
+    assert item.last and item.chunks == 0 and item.ready_times == []
+
+
+def test_a_long_backlog_goes_in_several_steps():
+    sch = Scheduler(1, 1, budget=0.32, sample_rate=RATE, max_chunks_per_step=4)
+    s = seq()
+    sch.add(s)
+    give_chunks(s, 10)
+    sch.finalize(s)
+    steps = []
+    while not s.last_scheduled:
+        steps.append(sch.schedule())
+        sch.postprocess(steps[-1])
+    assert [(st.items[0].chunks, st.items[0].last) for st in steps] == [(4, False), (4, False), (2, True)]
+
+
+def test_final_while_waiting_is_kept_until_admission():
+    sch = scheduler(slots=1)
+    running, waiting = seq(), seq()
+    sch.add(running)
+    sch.add(waiting)
+    sch.finalize(waiting)
+    assert waiting.status is Status.WAITING and waiting.final_at is not None
+    sch.cancel(running)
+    assert waiting.status is Status.FINALIZING
+
+
+def test_cancel_while_waiting_moves_the_ones_behind_up():
+    sch = scheduler(slots=1)
+    seqs = [seq() for _ in range(4)]
+    for s in seqs:
+        sch.add(s)
+    assert sch.cancel(seqs[1]) == seqs[2:]
+    assert seqs[1].status is Status.CANCELLED
+    assert [sch.position(s) for s in seqs] == [0, 0, 1, 2]
+
+
+def test_cancel_while_running_frees_the_slot_for_the_next_waiter():
+    sch = scheduler(slots=1)
+    running, waiting = seq(), seq()
+    sch.add(running)
+    sch.add(waiting)
+    assert sch.cancel(running) == [waiting]
+    assert running.status is Status.CANCELLED and running.slot is None
+    assert waiting.status is Status.RUNNING and sch.stats()["active"] == 1
+
+
+def test_cancel_while_in_flight_keeps_the_slot_until_the_step_is_back():
+    sch = scheduler(slots=1)
+    s, waiting = seq(), seq()
+    sch.add(s)
+    sch.add(waiting)
+    give_chunks(s, 1)
+    step = sch.schedule()
+    assert sch.cancel(s) == []
+    assert s.status is Status.CANCELLED and s.slot == 0 and waiting.status is Status.WAITING
+    assert not step.items[0].live
+    _, changed = sch.postprocess(step)
+    assert changed == [waiting] and s.slot is None and waiting.slot == 0
+    assert sch.cancel(s) == []  # twice: nothing more
+
+
+def test_a_failed_step_fails_its_streams_once_and_frees_their_slots():
+    sch = scheduler(slots=2)
+    a, b, waiting = seq(), seq(), seq()
+    for s in (a, b, waiting):
+        sch.add(s)
+    give_chunks(a, 1)
+    give_chunks(b, 1)
+    step = sch.schedule()
+    assert len(step) == 2
+    failed, changed = sch.postprocess(step, failed=True)
+    assert set(failed) == {a, b} and changed == [waiting]
+    assert a.status is Status.FAILED and b.status is Status.FAILED and a.slot is None
+    assert sch.finalize(a) is False
+    assert sch.stats()["free_slots"] == 1
+
+
+def test_a_third_step_waits_for_one_of_the_two_in_flight():
+    sch = scheduler(slots=3)
+    seqs = [seq() for _ in range(3)]
+    steps = []
+    for s in seqs[:2]:
+        sch.add(s)
+        give_chunks(s, 1)
+        steps.append(sch.schedule())
+    sch.add(seqs[2])
+    give_chunks(seqs[2], 1)
+    third: list = []
+    waiter = threading.Thread(target=lambda: third.append(sch.schedule()))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()
+    sch.postprocess(steps[0])
+    waiter.join(5)
+    assert third[0].items[0].seq is seqs[2]
+
+
+def test_stop_ends_schedule():
+    sch = scheduler()
+    sch.stop()
+    assert sch.schedule() is None
