@@ -110,20 +110,23 @@ class Segment:
         samples = np.frombuffer(self._pending, np.float32).copy()
         self._pending = bytearray()
         self.pending_samples = 0
-        self._push(samples)
+        try:
+            self.engine.push_audio(self.sid, samples)
+        except EngineError:
+            return  # failed or cancelled in the engine: its final or error result tells the client
+        self.pushed_samples += len(samples)
 
     def finalize(self) -> None:
         """The client's end of input: the engine transcribes what is left, then sends the final result."""
         if self.final_at is not None:
             return
+        if self._resampler is not None:  # the filter's tail
+            tail = self._resampler.push(np.zeros(0, np.float32), last=True)
+            self._pending += memoryview(np.ascontiguousarray(tail, np.float32)).cast("B")
+            self.pending_samples += len(tail)
         self.flush(force=True)
-        if self._resampler is not None:
-            self._push(self._resampler.push(np.zeros(0, np.float32), last=True))
         self.final_at = trio.current_time()
         self.engine.finalize(self.sid)
-
-    def collect(self) -> list[StreamResult]:
-        return self.engine.collect(self.sid)
 
     def absorb(self, result: StreamResult) -> None:
         """Account for one collected result (in order)."""
@@ -144,15 +147,6 @@ class Segment:
             with contextlib.suppress(EngineError):
                 self.engine.cancel(self.sid)
         return None if self.admitted_at is None else trio.current_time() - self.admitted_at
-
-    def _push(self, samples: np.ndarray) -> None:
-        if len(samples) == 0:
-            return
-        try:
-            self.engine.push_audio(self.sid, samples)
-        except EngineError:
-            return  # failed or cancelled in the engine: its final or error result tells the client
-        self.pushed_samples += len(samples)
 
 
 def _create(engine: ASREngine, lookahead: tuple[int, int] | None) -> int:

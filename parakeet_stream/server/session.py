@@ -34,6 +34,8 @@ class Session:
         self.info = ctx.engine.info
         self.segments = Segments(ctx, connection.channel, connection.protocol.metric, self.several_segments)
         self.results_sent = 0
+        self.send = connection.send  # async (message: dict): to the client
+        self._engine = ctx.engine
 
     # -- what a protocol implements ------------------------------------------------------
     async def open(self) -> None:
@@ -58,9 +60,6 @@ class Session:
         """What the server sends before it closes the connection on its own (None: nothing)."""
         return None
 
-    async def send(self, message: dict) -> None:
-        await self.connection.send(message)
-
     # -- delivery ------------------------------------------------------------------------
     async def deliver(self) -> None:
         """Send what the engine has for the current segment (on every wake-up of the writer)."""
@@ -69,7 +68,7 @@ class Session:
             return
         if segment is not self.segments.current:  # replaced while the admission was announced
             return
-        results = segment.collect()
+        results = self._engine.collect(segment.sid)
         collected_at = trio.current_time()
         self.segments.progress.set()
         for result in results:

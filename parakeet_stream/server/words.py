@@ -9,6 +9,7 @@ start and at a limit: the audio known so far.
 from __future__ import annotations
 
 import functools
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -79,6 +80,6 @@ class WordTracker:
             start = min(group[0][1], limit)
             cut = groups[i + 1][0][1] if i + 1 < len(groups) else limit
             end = max(start, min(group[-1][1] + self._frame, cut, limit))
-            if word := self._pieces.decode([token for token, _ in group]).strip():
+            if word := self._pieces.decode(list(map(itemgetter(0), group))).strip():
                 words.append({"word": word, "start": round(start, 3), "end": round(end, 3)})
         return words

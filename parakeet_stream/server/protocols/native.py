@@ -97,7 +97,7 @@ def parse_audio(obj: dict, encoding: str) -> Audio:
         return Audio(decode_samples(obj["samples"]), final)
     if has_data:
         raw = decode_base64(obj["data"])
-        return Audio(decode_bytes(raw, parse_encoding(obj.get("encoding") or encoding)), final)
+        return Audio(decode_bytes(raw, obj.get("encoding") or encoding), final)
     if not final:
         raise ProtocolError("missing_field", "audio needs 'data' or 'samples'")
     return Audio(None, True)
