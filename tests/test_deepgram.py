@@ -1,6 +1,5 @@
 """Deepgram live streaming on /v1/listen, driven by the official deepgram-sdk (sync client,
 in a worker thread) against the in-process server on loopback."""
-# ruff: noqa: F811  (fixtures imported from test_server_support)
 from __future__ import annotations
 
 import asyncio
@@ -11,12 +10,10 @@ import numpy as np
 import pytest
 import soxr
 import trio
-from test_server_support import (  # noqa: F401 - fixtures are used by name
-    engine,
+from helpers import (
     hold_every_slot,
     result_tokens,
     running_server,
-    sentence,
     transcribe_raw,
     url,
 )
@@ -402,7 +399,7 @@ async def test_unknown_messages_get_a_deepgram_error_and_the_stream_goes_on(engi
 @pytest.mark.parametrize("encoding,table", [("mulaw", MULAW), ("alaw", ALAW)])
 async def test_native_protocol_takes_telephony_audio(engine, sentence, encoding, table):
     """G.711 is not Deepgram's alone: the native protocol declares it like any encoding."""
-    from test_server_support import Raw
+    from helpers import Raw
 
     phone = soxr.resample(sentence, 16000, 8000).astype(np.float32)
     coded = g711_table_encode(phone, table)

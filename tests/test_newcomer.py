@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_server_support import ServerProcess
+from helpers import ServerProcess
 
 from parakeet_stream.tools.bench import ClientRecord, sent_at
 

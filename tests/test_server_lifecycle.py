@@ -1,5 +1,4 @@
 """Connection lifecycle: vanishing and slow clients, timeouts, limits, auth, HTTP, shutdown."""
-# ruff: noqa: F811  (fixtures imported from test_server_support)
 from __future__ import annotations
 
 import socket
@@ -7,18 +6,15 @@ import socket
 import orjson
 import pytest
 import trio
-from test_server_support import (  # noqa: F401 - fixtures are used by name
+from helpers import (
     BareWebSocket,
     Raw,
     ServerProcess,
     audio_messages,
-    engine,
     http_get,
     metric,
     result_tokens,
     running_server,
-    sentence,
-    solo_tokens,
     transcribe_raw,
     url,
     wait_until,

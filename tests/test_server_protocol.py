@@ -1,5 +1,4 @@
 """Original-protocol clients, the native extensions, the client library, and /v1/realtime."""
-# ruff: noqa: F811  (fixtures imported from test_server_support)
 from __future__ import annotations
 
 import os
@@ -13,15 +12,12 @@ import pytest
 import soundfile as sf
 import soxr
 import trio
-from test_server_support import (  # noqa: F401 - fixtures are used by name
+from helpers import (
     Raw,
     audio_messages,
-    engine,
     pcm16_b64,
     result_tokens,
     running_server,
-    sentence,
-    solo_tokens,
     transcribe_raw,
     url,
 )
