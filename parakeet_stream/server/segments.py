@@ -132,7 +132,7 @@ class Segments:
             self.current.finalize()
             self.changed.set()
 
-    def finished(self, segment: Segment) -> None:
+    def finish(self, segment: Segment) -> None:
         """Its final result was delivered: free its slot; the next segment starts after its audio."""
         self._advance(segment)
 

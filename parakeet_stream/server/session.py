@@ -50,7 +50,7 @@ class Session:
     async def on_result(self, segment: Segment, result: StreamResult) -> None:
         """One engine result, in order (absorbed: `segment.text` includes it)."""
 
-    async def on_segment_end(self, segment: Segment) -> None:
+    async def on_segment_finished(self, segment: Segment) -> None:
         """The segment's final result was delivered, its slot is free."""
 
     def error_message(self, code: str, message: str) -> dict:
@@ -82,7 +82,7 @@ class Session:
                 await self.on_result(segment, result)
             self.results_sent += 1
             if result.is_final:
-                await self._finished(segment, result.error)
+                await self._finish(segment, result.error)
 
     async def _admit(self, segment: Segment) -> bool:
         ctx = self.connection.ctx
@@ -100,16 +100,16 @@ class Session:
         await self.on_admitted(segment)
         return True
 
-    async def _finished(self, segment: Segment, error: str | None) -> None:
+    async def _finish(self, segment: Segment, error: str | None) -> None:
         connection, segments = self.connection, self.segments
         if segment.final_at is not None:
             since = max(segment.final_at, segment.admitted_at)
             connection.ctx.metrics.time_to_final.observe(trio.current_time() - since)
-        segments.finished(segment)
+        segments.finish(segment)
         if error:
             connection.end(error)
             return
-        await self.on_segment_end(segment)
+        await self.on_segment_finished(segment)
         if segments.end_after:
             connection.end(segments.end_after, self.last_message(segments.end_after))
         elif not segments.several:

@@ -205,10 +205,10 @@ class DeepgramSession(Session):
             transcript.start, transcript.spoken = first, True
             if self.options.vad_events:
                 await self.send({"type": "SpeechStarted", "channel": [0, 1], "timestamp": round(first, 3)})
-        ends = result.utterance_end or result.is_final
-        transcript.words += self._confident(self._words.update(result, now, close=ends, offset=segment.offset))
+        ends_transcript = result.utterance_end or result.is_final
+        transcript.words += self._confident(self._words.update(result, now, close=ends_transcript, offset=segment.offset))
         transcript.text += result.text
-        if ends:
+        if ends_transcript:
             await self._send_final(now, speech_final=result.utterance_end)
         elif self.options.interim_results and first is not None:
             await self.send(self._results(now, is_final=False, speech_final=False))

@@ -199,21 +199,17 @@ class OpenAIRealtimeSession(Session):
         await self.send({"type": "session.created", "event_id": event_id(), "session": self.settings.describe()})
 
     async def on_message(self, message: str | bytes) -> None:
-        event = self._event(message)
+        if isinstance(message, bytes):
+            raise ProtocolError("invalid_message", "binary frames are not part of the Realtime API")
+        event = wire.loads(message)
+        if not isinstance(event, dict):
+            raise ProtocolError("invalid_message", "an event must be a JSON object")
         client_event = event.get("event_id")
         try:
             await self._dispatch(event)
         except ProtocolError as exc:  # the connection sends error_message(): give it the context
             self._error_context = (client_event if isinstance(client_event, str) else None, getattr(exc, "param", None))
             raise
-
-    def _event(self, message: str | bytes) -> dict:
-        if isinstance(message, bytes):
-            raise ProtocolError("invalid_message", "binary frames are not part of the Realtime API")
-        event = wire.loads(message)
-        if not isinstance(event, dict):
-            raise ProtocolError("invalid_message", "an event must be a JSON object")
-        return event
 
     async def _dispatch(self, event: dict) -> None:
         kind = event.get("type")
@@ -229,7 +225,8 @@ class OpenAIRealtimeSession(Session):
             raise InvalidRequest("unknown_type", f"Unsupported event type: {str(kind)[:40]!r}", "type")
 
     async def _update(self, event: dict) -> None:
-        self.settings = self.settings.updated(event.get("session"), self._holds_audio())
+        holds_audio = self.segments.current is not None or self.segments.holding
+        self.settings = self.settings.updated(event.get("session"), holds_audio)
         self.segments.rate = self.settings.format.rate
         await self.send({"type": "session.updated", "event_id": event_id(), "session": self.settings.describe()})
 
@@ -276,9 +273,6 @@ class OpenAIRealtimeSession(Session):
             self._item_start = segments.offset
         await self.send({"type": "input_audio_buffer.cleared", "event_id": event_id()})
 
-    def _holds_audio(self) -> bool:
-        return self.segments.current is not None or self.segments.holding
-
     # -- results ----------------------------------------------------------------------
     async def on_result(self, segment: Segment, result: StreamResult) -> None:
         first = first_text_time(self.info.tokenizer, result)
@@ -323,7 +317,7 @@ class OpenAIRealtimeSession(Session):
         )
         self._previous_item, self._item, self._item_start = item.id, None, end
 
-    async def on_segment_end(self, segment: Segment) -> None:
+    async def on_segment_finished(self, segment: Segment) -> None:
         if self._item is not None:
             await self._complete(segment.heard_until())
         self._item = None

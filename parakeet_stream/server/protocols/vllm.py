@@ -101,7 +101,7 @@ class VllmRealtimeSession(Session):
         if result.text:
             await self.send({"type": "transcription.delta", "delta": result.text})
 
-    async def on_segment_end(self, segment: Segment) -> None:
+    async def on_segment_finished(self, segment: Segment) -> None:
         usage = {"prompt_tokens": 0, "completion_tokens": segment.token_count, "total_tokens": segment.token_count}
         await self.send({"type": "transcription.done", "text": segment.text, "usage": usage})
 
