@@ -207,6 +207,28 @@ async def test_finalize_flushes(engine, sentence):
     assert messages[-1]["duration"] == pytest.approx(len(sentence) / 16000, abs=0.01)
 
 
+async def test_audio_and_finalize_sent_while_a_segment_drains_wait_for_the_next(engine, sentence):
+    """Two Finalize-terminated pieces sent without waiting: the second piece's audio, and its
+    Finalize, wait while the first segment drains; times count from the connection."""
+    pcm = encode_audio(sentence, "pcm16")
+
+    def script(socket) -> None:
+        for _ in range(2):
+            for piece in chunks(pcm, 16000, 2):
+                socket.send_media(piece)
+            socket.send_finalize()
+        socket.send_close_stream()
+
+    async with running_server(engine) as ctx:
+        text, _ = await native_text(ctx, sentence)
+        messages = await in_thread(run_sdk(ctx, script, encoding="linear16", sample_rate=16000))
+    flushed = [m for m in messages if m["type"] == "Results" and m.get("from_finalize")]
+    seconds = len(sentence) / 16000
+    assert len(flushed) == 2 and audio_end(flushed[0]) <= seconds < flushed[1]["start"] < audio_end(flushed[1])
+    assert transcript(messages) == f"{text.strip()} {text.strip()}"
+    assert messages[-1]["type"] == "Metadata" and messages[-1]["duration"] == pytest.approx(2 * seconds, abs=0.01)
+
+
 async def test_keepalive_holds_an_idle_connection(engine, sentence):
     pcm = encode_audio(sentence[:16000], "pcm16")
 

@@ -88,6 +88,9 @@ class Segments:
         previous one drains. Over the audio budget, wait: reading is paused, so the client is
         slowed by flow control."""
         self.received_seconds += len(samples) / self.rate
+        await self._add(samples)
+
+    async def _add(self, samples: np.ndarray) -> None:
         segment = self.current
         if segment is None:
             segment = self.open()
@@ -119,9 +122,11 @@ class Segments:
         self._dropped_seconds += self._held_samples / self.rate
         self._held, self._held_samples = [], 0
 
-    def take_held(self) -> list[np.ndarray | Deferred]:
+    async def replay(self) -> None:
+        """The next segment takes what waited, in order: audio, and the actions deferred behind it."""
         held, self._held, self._held_samples = self._held, [], 0
-        return held
+        for item in held:
+            await (self._add(item) if isinstance(item, np.ndarray) else item())
 
     def flush(self) -> None:
         if self.current is not None:

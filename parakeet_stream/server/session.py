@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import trio
 
 from .codes import error_body
@@ -115,6 +114,5 @@ class Session:
         elif not segments.several:
             connection.end("completed")
         else:
-            for item in segments.take_held():  # in order: audio, and the actions deferred behind it
-                await (segments.push(item) if isinstance(item, np.ndarray) else item())
+            await segments.replay()
         connection.rearm_idle()

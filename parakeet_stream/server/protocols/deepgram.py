@@ -13,6 +13,7 @@ of the connection).
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import uuid
 from dataclasses import dataclass, field
@@ -167,30 +168,31 @@ class DeepgramSession(Session):
         if kind == "KeepAlive":
             return  # receiving it restarted the idle clock
         if kind == "Finalize":
-            await self._finalize()
+            await self._finalize(from_finalize=not self._closing)
         elif kind == "CloseStream":
             await self._close_stream()
         else:
             raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:40]!r}")
 
-    async def _finalize(self) -> bool:
-        """End the current segment's input (flushing its words); False when there is no audio to end."""
+    async def _finalize(self, from_finalize: bool) -> bool:
+        """End the current segment's input (flushing its words); False when there is no audio to
+        end. `from_finalize`: its final Results answers a Finalize."""
         segments = self.segments
         if segments.draining:  # then the audio waiting behind it
             if segments.holding:
-                segments.defer(self._finalize)
+                segments.defer(functools.partial(self._finalize, from_finalize))
             return True
         segment = segments.current
         if segment is None or not segment.received_samples:
             return False
-        self._from_finalize = not self._closing
+        self._from_finalize = from_finalize
         segment.finalize()
         return True
 
     async def _close_stream(self) -> None:
         """CloseStream: once every segment is transcribed, Metadata and the close."""
         self._closing = True
-        if await self._finalize():
+        if await self._finalize(from_finalize=False):
             self.segments.defer(self._close_stream)  # checked again once this segment is done
         else:
             self.connection.end("completed", self.last_message("completed"))
