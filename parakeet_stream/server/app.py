@@ -83,7 +83,7 @@ async def _drain(ctx: ServerContext) -> None:
     with trio.move_on_after(ctx.config.drain_timeout):
         await _all_closed(ctx)
     if ctx.open_sessions:
-        log.warning("drain timeout: finalizing %d streams", ctx.open_sessions)
+        log.warning("drain timeout: finalizing the segments of %d connections", ctx.open_sessions)
         ctx.drain_expired.set()
         with trio.move_on_after(FINAL_GRACE_S):
             await _all_closed(ctx)
