@@ -26,7 +26,11 @@ MAX_HANDSHAKE_BYTES = 16384  # request line and headers, as on the HTTP port (la
 async def handle_tcp(ctx: ServerContext, stream: trio.SocketStream) -> None:
     channel = TcpChannel(stream, ctx.config.max_message_bytes, ctx.config.send_timeout)
     protocol = protocols.find("tcp", "", {})
-    outcome = await protocol.handshake(ctx, channel)
+    try:
+        outcome = await protocol.handshake(ctx, channel)
+    except BaseException:  # cancelled at the end of a drain, or a bug: the socket is closed all the same
+        await channel.abort()
+        raise
     if outcome is None:  # the client is gone
         await channel.abort()
     elif isinstance(outcome, Refusal):
