@@ -42,7 +42,6 @@ class Segments:
         self.progress = Wakeup()  # the engine consumed audio
         self.rate = audio.SAMPLE_RATE  # of the client's audio
         self.offset = 0.0  # connection seconds where the current (or next) segment starts
-        self.received_seconds = 0.0  # all the audio the client sent
         self.end_after: str | None = None  # end the connection for this reason once the current segment is done
         self._channel = channel
         self._metric = metric
@@ -61,6 +60,12 @@ class Segments:
     def holding(self) -> bool:
         """Audio waits for the next segment."""
         return any(isinstance(item, np.ndarray) for item in self._held)
+
+    @property
+    def received_seconds(self) -> float:
+        """All the audio the client sent."""
+        current = 0.0 if self.current is None else self.current.input_seconds
+        return self.offset + current + self._dropped_seconds + self._held_samples / self.rate
 
     @property
     def active(self) -> bool:
@@ -87,10 +92,6 @@ class Segments:
         """Add audio to the current segment (opened if there is none), or hold it while the
         previous one drains. Over the audio budget, wait: reading is paused, so the client is
         slowed by flow control."""
-        self.received_seconds += len(samples) / self.rate
-        await self._add(samples)
-
-    async def _add(self, samples: np.ndarray) -> None:
         segment = self.current
         if segment is None:
             segment = self.open()
@@ -126,7 +127,7 @@ class Segments:
         """The next segment takes what waited, in order: audio, and the actions deferred behind it."""
         held, self._held, self._held_samples = self._held, [], 0
         for item in held:
-            await (self._add(item) if isinstance(item, np.ndarray) else item())
+            await (self.push(item) if isinstance(item, np.ndarray) else item())
 
     def flush(self) -> None:
         if self.current is not None:
