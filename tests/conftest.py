@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny NeMo-made models converted with parakeet-convert, and test audio."""
+"""Shared fixtures: tiny NeMo-made models converted with parakeet-convert, test audio, and the
+engine and sentence the server tests share (one engine per test module)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import pcm16_exact, run_stream, tokens_of
 
 from parakeet_stream.audio import read_audio
+from parakeet_stream.engine import ASREngine
 from parakeet_stream.tools.convert import convert
 from parakeet_stream.model.parakeet import ParakeetModel
 
@@ -64,3 +67,21 @@ def reference_tensors() -> dict:
 def reference_fb(eou_model):
     """The mel filterbank NeMo stored in the fixture checkpoint (computed by librosa)."""
     return eou_model.features.fb
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    with ASREngine(tiny_model_dir, max_num_streams=4, max_queue=4) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def sentence(wavs) -> np.ndarray:
+    """The fixture sentence, exactly representable in PCM16 (so every encoding sends the same samples)."""
+    return pcm16_exact(wavs["sentence"])
+
+
+@pytest.fixture(scope="module")
+def solo_tokens(engine, sentence) -> list[int]:
+    """What the engine alone transcribes for the sentence (the reference for every transport)."""
+    return tokens_of(run_stream(engine, sentence))

@@ -1,6 +1,5 @@
 """Deepgram live streaming on /v1/listen, driven by the official deepgram-sdk (sync client,
 in a worker thread) against the in-process server on loopback."""
-# ruff: noqa: F811  (fixtures imported from test_server_support)
 from __future__ import annotations
 
 import asyncio
@@ -11,12 +10,10 @@ import numpy as np
 import pytest
 import soxr
 import trio
-from test_server_support import (  # noqa: F401 - fixtures are used by name
-    engine,
+from helpers import (
     hold_every_slot,
     result_tokens,
     running_server,
-    sentence,
     transcribe_raw,
     url,
 )
@@ -208,6 +205,28 @@ async def test_finalize_flushes(engine, sentence):
     assert later is not flushed[0] and later["start"] >= flushed[0]["start"]
     assert messages[-1]["type"] == "Metadata"
     assert messages[-1]["duration"] == pytest.approx(len(sentence) / 16000, abs=0.01)
+
+
+async def test_audio_and_finalize_sent_while_a_segment_drains_wait_for_the_next(engine, sentence):
+    """Two Finalize-terminated pieces sent without waiting: the second piece's audio, and its
+    Finalize, wait while the first segment drains; times count from the connection."""
+    pcm = encode_audio(sentence, "pcm16")
+
+    def script(socket) -> None:
+        for _ in range(2):
+            for piece in chunks(pcm, 16000, 2):
+                socket.send_media(piece)
+            socket.send_finalize()
+        socket.send_close_stream()
+
+    async with running_server(engine) as ctx:
+        text, _ = await native_text(ctx, sentence)
+        messages = await in_thread(run_sdk(ctx, script, encoding="linear16", sample_rate=16000))
+    flushed = [m for m in messages if m["type"] == "Results" and m.get("from_finalize")]
+    seconds = len(sentence) / 16000
+    assert len(flushed) == 2 and audio_end(flushed[0]) <= seconds < flushed[1]["start"] < audio_end(flushed[1])
+    assert transcript(messages) == f"{text.strip()} {text.strip()}"
+    assert messages[-1]["type"] == "Metadata" and messages[-1]["duration"] == pytest.approx(2 * seconds, abs=0.01)
 
 
 async def test_keepalive_holds_an_idle_connection(engine, sentence):
@@ -402,7 +421,7 @@ async def test_unknown_messages_get_a_deepgram_error_and_the_stream_goes_on(engi
 @pytest.mark.parametrize("encoding,table", [("mulaw", MULAW), ("alaw", ALAW)])
 async def test_native_protocol_takes_telephony_audio(engine, sentence, encoding, table):
     """G.711 is not Deepgram's alone: the native protocol declares it like any encoding."""
-    from test_server_support import Raw
+    from helpers import Raw
 
     phone = soxr.resample(sentence, 16000, 8000).astype(np.float32)
     coded = g711_table_encode(phone, table)

@@ -185,7 +185,7 @@ def test_streaming_equals_offline_forward(engine, transcripts):
 async def test_server_transports_give_parakeet_transcribe_text(engine, sentences, kind, tmp_path):
     """The same audio through the server (TCP, WebSocket, /v1/realtime) gives parakeet-transcribe's text."""
     import soundfile as sf
-    from test_server_support import (
+    from helpers import (
         Raw,
         pcm16_b64,
         pcm16_exact,

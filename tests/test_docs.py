@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_server_support import ServerProcess
+from helpers import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_server_support import ServerProcess
+from helpers import ServerProcess
 
 from parakeet_stream.server.cli import build_parser
 from parakeet_stream.tools.bench import ClientRecord, capacity, capacity_at_least, capacity_text, sent_at

@@ -1,7 +1,6 @@
 """OpenAI Realtime transcription sessions on /v1/realtime, driven by the official `openai` SDK
 (its asyncio client, in a worker thread with its own event loop) against the in-process server
 on loopback. Every server event is validated strictly against the SDK's own types."""
-# ruff: noqa: F811  (fixtures imported from test_server_support)
 from __future__ import annotations
 
 import asyncio
@@ -14,13 +13,11 @@ import pytest
 import soxr
 import trio
 from test_deepgram import g711_table_encode
-from test_server_support import (  # noqa: F401 - fixtures are used by name
+from helpers import (
     Raw,
     hold_every_slot,
-    engine,
     pcm16_exact,
     running_server,
-    sentence,
     url,
 )
 

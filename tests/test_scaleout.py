@@ -1,6 +1,5 @@
 """Scale-out: replicas of the tiny model behind a real HAProxy started from deploy/haproxy.cfg,
 and the replica contract (/health, /ready, the agent port) in every state."""
-# ruff: noqa: F811  (fixtures imported from test_server_support)
 from __future__ import annotations
 
 import csv
@@ -17,16 +16,13 @@ from pathlib import Path
 import orjson
 import pytest
 import trio
-from test_server_support import (  # noqa: F401 - fixtures are used by name
+from helpers import (
     Raw,
     ServerProcess,
     audio_messages,
-    engine,
     http_get,
     result_tokens,
     running_server,
-    sentence,
-    solo_tokens,
 )
 
 from parakeet_stream.engine import ASREngine

@@ -1,6 +1,5 @@
 """docs/protocol.md's error codes: every malformed input gets its documented code and connection policy,
 while a concurrent well-behaved stream transcribes exactly as it does alone."""
-# ruff: noqa: F811  (fixtures imported from test_server_support)
 from __future__ import annotations
 
 import base64
@@ -9,15 +8,12 @@ import re
 import numpy as np
 import pytest
 import trio
-from test_server_support import (  # noqa: F401 - fixtures are used by name
+from helpers import (
     BareWebSocket,
     Raw,
     audio_messages,
-    engine,
     result_tokens,
     running_server,
-    sentence,
-    solo_tokens,
     transcribe_raw,
     url,
 )

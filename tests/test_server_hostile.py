@@ -24,15 +24,14 @@ import orjson
 import pytest
 import trio
 import wsproto
-from test_server_support import (  # noqa: F401 - fixtures are used by name
+from helpers import (
     BareWebSocket,
     Raw,
     audio_messages,
     http_get,
     pcm16_b64,
-    sentence,
 )
-from wsproto.events import BytesMessage, CloseConnection, Request, TextMessage
+from wsproto.events import BytesMessage, Request, TextMessage
 
 from parakeet_stream.server import ServerConfig
 from parakeet_stream.server.app import SEND_BUFFER_BYTES, open_listeners
@@ -175,7 +174,7 @@ async def tcp_flooder(port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
 async def ws_flooder(port: int, frame: bytes = b"\x01\x00", path: str = "/", task_status=trio.TASK_STATUS_IGNORED):
     """WebSocket client sending binary audio frames (default: one sample) as fast as it can."""
     ws = await BareWebSocket.connect(port, path)
-    blob = b"".join(ws._ws.send(BytesMessage(data=frame)) for _ in range(max(1, 8192 // len(frame))))
+    blob = b"".join(ws.frame(BytesMessage(data=frame)) for _ in range(max(1, 8192 // len(frame))))
     async with ws.stream, trio.open_nursery() as nursery:
         nursery.start_soon(drain, ws.stream)
         task_status.started()
@@ -238,8 +237,8 @@ async def test_queued_flooders_stay_within_their_memory_budget(serve, sentence):
     print(f"RSS after the flooders left: {server.rss_mb():.0f} MB")
 
     big = await BareWebSocket.connect(ws, "/?sample_rate=4000")
-    await big.stream.send_all(big._ws.send(BytesMessage(data=b"\x01\x00" * (1 << 19))))  # 131 s of audio
-    assert await _close_code(big) == 1009
+    await big.stream.send_all(big.frame(BytesMessage(data=b"\x01\x00" * (1 << 19))))  # 131 s of audio
+    assert await big.close_code() == 1009
     await wait_for(lambda: _queued(server, 0), timeout=5)
     await trio.sleep(0.5)
     after = server.rss_mb()
@@ -249,17 +248,6 @@ async def test_queued_flooders_stay_within_their_memory_budget(serve, sentence):
 
 async def _queued(server: Server, n: int) -> bool:
     return (await server.health())["queued"] == n
-
-
-async def _close_code(ws: BareWebSocket, timeout: float = 5) -> int | None:
-    """Read until the server's close frame (its code) or EOF (None)."""
-    with trio.fail_after(timeout):
-        while data := await ws.stream.receive_some(65536):
-            ws._ws.receive_data(data)
-            for event in ws._ws.events():
-                if isinstance(event, CloseConnection):
-                    return event.code
-    return None
 
 
 async def test_admitted_flooder_memory_is_bounded(serve, sentence):
@@ -437,7 +425,7 @@ async def test_malformed_input_gets_documented_answers_and_no_traceback(serve, s
     for frame in (b"\x82\x02\x01\x00", b"\xf2\x80abcd", b"\x8f\x80abcd", b"\x89\xfe\x01\x00abcd" + b"\x00" * 256):
         client = await BareWebSocket.connect(server.ports["ws"])  # unmasked; reserved bits; bad opcode; big ping
         await client.stream.send_all(frame)
-        assert await _close_code(client) == 1002, frame
+        assert await client.close_code() == 1002, frame
         await client.drop()
 
     # huge but finite f32 samples are clipped, and the stream goes on to its final result

@@ -1,24 +1,22 @@
 """Connection lifecycle: vanishing and slow clients, timeouts, limits, auth, HTTP, shutdown."""
-# ruff: noqa: F811  (fixtures imported from test_server_support)
 from __future__ import annotations
 
+import logging
+import re
 import socket
 
 import orjson
 import pytest
 import trio
-from test_server_support import (  # noqa: F401 - fixtures are used by name
+from helpers import (
     BareWebSocket,
     Raw,
     ServerProcess,
     audio_messages,
-    engine,
     http_get,
     metric,
     result_tokens,
     running_server,
-    sentence,
-    solo_tokens,
     transcribe_raw,
     url,
     wait_until,
@@ -47,6 +45,27 @@ async def test_cli_config_ready_line_and_health(server_process):
     status, body = await http_get(server_process.ports["http"], "/health")
     health = orjson.loads(body)
     assert status == 200 and health["status"] == "ok" and health["ports"] == server_process.ports
+
+
+async def test_each_connection_logs_one_line_when_it_opens_and_one_when_it_closes(engine, sentence, caplog):
+    caplog.set_level(logging.INFO, logger="parakeet_stream.connections")
+    async with running_server(engine) as ctx:
+        results = await transcribe_raw(url(ctx, "tcp"), sentence)
+        async with Raw.open(url(ctx, "ws", "/v1/listen?encoding=linear16&sample_rate=16000")) as conn:
+            await conn.send({"type": "CloseStream"})
+            await conn.rest()
+    lines = [r.getMessage() for r in caplog.records if r.name == "parakeet_stream.connections"]
+    peer = r"peer=127\.0\.0\.1:\d+"
+    assert re.fullmatch(rf"connection open {peer} door=tcp protocol=native", lines[0])
+    seconds = f"{len(sentence) / 16000:.1f}"
+    assert re.fullmatch(
+        rf"connection closed {peer} door=tcp protocol=native reason=completed audio_s={seconds} results={len(results)}",
+        lines[1],
+    )
+    assert lines[0].split()[2] == lines[1].split()[2]  # the same peer
+    assert re.fullmatch(rf"connection open {peer} door=ws protocol=deepgram", lines[2])
+    assert re.fullmatch(rf"connection closed {peer} door=ws protocol=deepgram reason=completed audio_s=0.0 results=0", lines[3])
+    assert len(lines) == 4
 
 
 async def test_vanishing_clients_free_their_slots_within_a_second(server_process, sentence):

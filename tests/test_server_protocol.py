@@ -1,5 +1,4 @@
 """Original-protocol clients, the native extensions, the client library, and /v1/realtime."""
-# ruff: noqa: F811  (fixtures imported from test_server_support)
 from __future__ import annotations
 
 import os
@@ -13,15 +12,12 @@ import pytest
 import soundfile as sf
 import soxr
 import trio
-from test_server_support import (  # noqa: F401 - fixtures are used by name
+from helpers import (
     Raw,
     audio_messages,
-    engine,
     pcm16_b64,
     result_tokens,
     running_server,
-    sentence,
-    solo_tokens,
     transcribe_raw,
     url,
 )
@@ -191,3 +187,19 @@ async def test_realtime_events(engine, sentence):
             assert seen[-1]["text"] == deltas and seen[-1]["usage"]["completion_tokens"] > 0
             texts.append(deltas)
         assert texts[0] == texts[1]
+
+
+async def test_realtime_audio_sent_before_done_waits_for_the_next_utterance(engine, sentence):
+    """The client need not wait for transcription.done: audio (and a final commit) sent while the
+    previous utterance drains go to the next one."""
+    async with running_server(engine) as ctx, Raw.open(url(ctx, "ws", "/v1/realtime")) as conn:
+        assert (await conn.recv())["type"] == "session.created"
+        for _ in range(2):
+            for i in range(0, len(sentence), 2048):
+                await conn.send({"type": "input_audio_buffer.append", "audio": pcm16_b64(sentence[i : i + 2048])})
+            await conn.send({"type": "input_audio_buffer.commit", "final": True})
+        seen = await conn.until("transcription.done")
+        seen += await conn.until("transcription.done")
+    assert not [m for m in seen if m["type"] == "error"]
+    done = [m["text"] for m in seen if m["type"] == "transcription.done"]
+    assert done[0] and done[0] == done[1]

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import pytest
 import trio
-from helpers import run_stream, tokens_of
-from test_server_support import (
-    Raw,
+from helpers import (
     audio_messages,
     pcm16_exact,
+    Raw,
     result_tokens,
+    run_stream,
     running_server,
+    tokens_of,
     url,
 )
 

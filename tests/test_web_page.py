@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from test_server_support import ServerProcess
+from helpers import ServerProcess
 
 from parakeet_stream.server.http import static_file
 

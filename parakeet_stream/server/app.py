@@ -9,17 +9,16 @@ from functools import partial
 import trio
 from trio_websocket import WebSocketRequest, WebSocketServer
 
+from . import ws_adapter
 from .context import ServerContext
+from .doors import handle_tcp, handle_websocket
 from .http import handle_http
-from .protocols.native import NativeSession
 from .replica import handle_agent
-from .tcp import TcpChannel
-from .websocket import handle_request
 
 log = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 0.05
-FINAL_GRACE_S = 5.0  # after the drain timeout: time for the finalized streams' final results
+FINAL_GRACE_S = 5.0  # after the drain timeout: time for the final results of what was made final
 # Per-connection kernel send buffer (accepted sockets inherit it from the listener): bounds
 # what a client that stops reading can pile up before the send timeout notices.
 SEND_BUFFER_BYTES = 256 * 1024
@@ -48,10 +47,11 @@ async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> 
             )
         async with trio.open_nursery() as accepting:
             accepting.start_soon(
-                partial(trio.serve_listeners, _guarded(partial(_tcp, ctx)), tcp, handler_nursery=handlers)
+                partial(trio.serve_listeners, _guarded(partial(handle_tcp, ctx)), tcp, handler_nursery=handlers)
             )
+            ws_adapter.install()
             websockets = WebSocketServer(
-                _guarded(partial(handle_request, ctx)),
+                _guarded(partial(handle_websocket, ctx)),
                 ws,
                 handler_nursery=handlers,
                 max_message_size=config.max_message_bytes,
@@ -77,19 +77,14 @@ async def open_listeners(host: str, port: int) -> list[trio.SocketListener]:
     return listeners
 
 
-async def _tcp(ctx: ServerContext, stream: trio.SocketStream) -> None:
-    channel = TcpChannel(stream, ctx.config.max_message_bytes, ctx.config.send_timeout)
-    await NativeSession(ctx, channel, {}).run()
-
-
 async def _drain(ctx: ServerContext) -> None:
-    """Active streams go on until they end or the drain timeout passes; then they are finalized
-    and have FINAL_GRACE_S more for their final results."""
+    """Active segments go on until they end or the drain timeout passes; then their input is made
+    final and they have FINAL_GRACE_S more for their final results."""
     with trio.move_on_after(ctx.config.drain_timeout):
         await _all_closed(ctx)
     if ctx.open_sessions:
-        log.warning("drain timeout: finalizing %d streams", ctx.open_sessions)
-        ctx.finish.set()
+        log.warning("drain timeout: finalizing the segments of %d connections", ctx.open_sessions)
+        ctx.drain_expired.set()
         with trio.move_on_after(FINAL_GRACE_S):
             await _all_closed(ctx)
     if ctx.open_sessions:

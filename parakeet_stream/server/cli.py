@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     except (PrecisionError, DeviceError, ModelNotFound, EngineError) as exc:
         print(f"parakeet-serve: error: {exc}{offline_hint(args.model, exc)}", file=sys.stderr)
         return 2
-    print_config(args, engine.default_lookahead)
+    print_config(args, engine.info.default_lookahead)
     config = server_config(args)
     problem = memory_problem(config, engine.stats()["max_num_streams"] + args.max_queue)
     if problem:

@@ -1,4 +1,5 @@
-"""Stable error codes sent to clients and what the server does with the connection."""
+"""Stable error codes sent to clients and what the server does with the connection. These are
+shared by every protocol; a protocol's own codes are declared in its module (`Protocol.codes`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,7 +25,6 @@ POLICIES: dict[str, Policy] = {
     "invalid_samples": KEEP_OPEN,
     "stream_closed": KEEP_OPEN,
     "bad_state": KEEP_OPEN,
-    "input_audio_buffer_commit_empty": KEEP_OPEN,  # OpenAI Realtime: a commit with no audio
     # the connection cannot go on
     "invalid_utf8": Policy(True, 1007),
     "message_too_large": Policy(True, 1009),
@@ -55,16 +55,6 @@ class ProtocolError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-    @property
-    def policy(self) -> Policy:
-        return POLICIES[self.code]
-
-
-def ws_close_code(reason: str) -> int:
-    if reason in CLOSE_REASONS:
-        return CLOSE_REASONS[reason]
-    return POLICIES[reason].ws_close_code or 1000
 
 
 def error_body(code: str, message: str) -> dict:

@@ -55,7 +55,7 @@ class ServerContext:
     metrics: Metrics
     estimator: WaitEstimator = field(default_factory=WaitEstimator)
     shutdown: trio.Event = field(default_factory=trio.Event)  # draining: accept nothing new
-    finish: trio.Event = field(default_factory=trio.Event)  # the drain timeout passed: finalize every stream
+    drain_expired: trio.Event = field(default_factory=trio.Event)  # the drain timeout passed: finalize every segment
     open_sessions: int = 0
 
     @classmethod

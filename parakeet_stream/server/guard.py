@@ -1,7 +1,7 @@
 """Who may connect and how much a connection may take: the API key and Origin checks, the
 message rate, the memory bound, and the start-up memory check.
 
-What a connection may hold (docs/protocol.md section 5): its stream's audio not yet encoded
+What a connection may hold (docs/protocol.md section 5): its segment's audio not yet encoded
 (`max_backlog_seconds` at the model rate, float32, whether queued or admitted) plus the
 message it is reading or parsing (framing buffers and the decoded samples, each at most
 `max_message_bytes`), plus a fixed overhead for its tasks and buffers.
@@ -9,15 +9,14 @@ message it is reading or parsing (framing buffers and the decoded samples, each 
 from __future__ import annotations
 
 import hmac
-import math
 
 import trio
 
+from ..audio import SAMPLE_RATE
 from ..host import available_ram
 from .context import ServerConfig
 
-MODEL_RATE = 16000
-SAMPLE_BYTES = 4
+SAMPLE_BYTES = 4  # float32
 MAX_BATCH_MESSAGES = 64  # messages handled per wake-up before yielding to other connections
 MESSAGE_UNIT_BYTES = 8192  # a message counts once per started 8 KiB against the rate
 MESSAGE_COPIES = 5  # framing buffers (transport + WebSocket queue) and decoded copies
@@ -25,13 +24,9 @@ CONNECTION_OVERHEAD = 256 * 1024
 MIN_BACKLOG_SECONDS = 2.0  # below a chunk plus its context the engine could never catch up
 
 
-def message_units(size: int) -> int:
-    return max(1, math.ceil(size / MESSAGE_UNIT_BYTES))
-
-
 def backlog_samples(config: ServerConfig) -> int:
-    """The audio budget of one stream, in samples at the model rate."""
-    return int(max(config.max_backlog_seconds, MIN_BACKLOG_SECONDS) * MODEL_RATE)
+    """The audio budget of one segment, in samples at the model rate."""
+    return int(max(config.max_backlog_seconds, MIN_BACKLOG_SECONDS) * SAMPLE_RATE)
 
 
 def backlog_bytes(config: ServerConfig) -> int:
@@ -39,7 +34,7 @@ def backlog_bytes(config: ServerConfig) -> int:
 
 
 def connection_bytes(config: ServerConfig) -> int:
-    """The documented memory bound of one connection (stream and message in flight)."""
+    """The documented memory bound of one connection (segment and message in flight)."""
     return backlog_bytes(config) + MESSAGE_COPIES * config.max_message_bytes + CONNECTION_OVERHEAD
 
 

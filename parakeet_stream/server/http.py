@@ -155,7 +155,7 @@ def health(ctx: ServerContext) -> dict:
         "status": "broken" if not state.healthy else "draining" if ctx.shutdown.is_set() else "ok",
         "model": ctx.config.model_name,
         "demo_model": is_demo_model(ctx.config.model_name),
-        "sample_rate": ctx.engine.sample_rate,
+        "sample_rate": ctx.engine.info.sample_rate,
         "ports": ctx.config.ports,
         "connections": ctx.open_sessions,
         **ctx.engine.stats(),

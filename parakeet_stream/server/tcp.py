@@ -1,47 +1,40 @@
-"""Newline-delimited JSON over a raw TCP stream."""
+"""The TCP channel: newline-delimited JSON on a raw TCP stream."""
 from __future__ import annotations
-
-import socket
 
 import trio
 
+from .channel import TCP_CLOSE, ChannelClosed, SlowConsumer, peer_name, socket_state
 from .codes import ProtocolError
-from .session import ChannelClosed, SlowConsumer
 
 RECEIVE_BYTES = 65536
-TCP_CLOSE = 7  # Linux tcp_info state after a reset
-TCP_CLOSE_WAIT = 8  # the peer sent FIN
-
-
-def socket_state(sock) -> int | None:
-    """The kernel's TCP state of `sock` (Linux), or None where it cannot be read."""
-    try:
-        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
-    except (AttributeError, OSError):
-        return None
 
 
 class TcpChannel:
-    transport = "tcp"
+    door = "tcp"
 
     def __init__(self, stream: trio.SocketStream, max_line: int, send_timeout: float) -> None:
         self._stream = stream
-        self.max_line = max_line
+        self._max_line = max_line
         self._send_timeout = send_timeout
         self._buffer = bytearray()
         self._scanned = 0  # bytes of _buffer known to hold no newline
         self._send_lock = trio.Lock()
+        try:
+            self.peer = peer_name(*stream.socket.getpeername()[:2])
+        except OSError:  # already reset
+            self.peer = "?"
 
-    async def receive(self) -> str:
+    async def receive(self, max_line: int | None = None) -> str:
+        """The next non-empty line; `max_line`: a lower limit than the channel's for this one."""
         while True:
-            line = self._next_line()
+            line = self._next_line(max_line or self._max_line)
             if line is None:
                 await self._fill()
             elif line.strip():
                 return _text(line)
 
     def receive_buffered(self) -> str | None:
-        while (line := self._next_line()) is not None:
+        while (line := self._next_line(self._max_line)) is not None:
             if line.strip():
                 return _text(line)
         return None
@@ -50,15 +43,15 @@ class TcpChannel:
         # A FIN is not enough: a client may half-close after its final and still read.
         return socket_state(self._stream.socket) == TCP_CLOSE
 
-    def _next_line(self) -> bytes | None:
+    def _next_line(self, max_line: int) -> bytes | None:
         end = self._buffer.find(b"\n", self._scanned)
         if end < 0:
             self._scanned = len(self._buffer)
-            if self._scanned > self.max_line:
-                raise ProtocolError("message_too_large", f"a line exceeds {self.max_line} bytes")
+            if self._scanned > max_line:
+                raise ProtocolError("message_too_large", f"a line exceeds {max_line} bytes")
             return None
-        if end > self.max_line:
-            raise ProtocolError("message_too_large", f"a line exceeds {self.max_line} bytes")
+        if end > max_line:
+            raise ProtocolError("message_too_large", f"a line exceeds {max_line} bytes")
         line = bytes(self._buffer[:end])
         del self._buffer[: end + 1]
         self._scanned = 0

@@ -42,9 +42,15 @@ def _table_decoder(table: np.ndarray):
     return lambda data: table[np.frombuffer(data, np.uint8)]
 
 
-DECODERS = {
+def _clip(samples: np.ndarray) -> np.ndarray:
+    if samples.size and (samples.max() > 1.0 or samples.min() < -1.0):
+        samples = np.clip(samples, -1.0, 1.0)
+    return samples
+
+
+DECODERS = {  # encoding: (bytes per sample, decoder); only float samples can leave -1..1
     "pcm16": (2, audio.decode_pcm16),
-    "f32": (4, audio.decode_f32),
+    "f32": (4, lambda data: _clip(audio.decode_f32(data))),
     "mulaw": (1, _table_decoder(MULAW)),  # G.711, telephony (usually 8 kHz)
     "alaw": (1, _table_decoder(ALAW)),
 }
@@ -60,15 +66,17 @@ def decode_base64(data: Any) -> bytes:
         raise ProtocolError("invalid_base64", "'data' is not valid base64") from None
 
 
-def decode_bytes(raw: bytes, encoding: str) -> np.ndarray:
-    """Little-endian PCM16 or float32 bytes -> float32 samples."""
-    width, decode = DECODERS[encoding]
+def decode_bytes(raw: bytes, encoding: Any) -> np.ndarray:
+    """Bytes in one of ENCODINGS (little-endian) -> float32 samples."""
+    width, decode = DECODERS.get(encoding, (None, None)) if isinstance(encoding, str) else (None, None)
+    if decode is None:
+        raise ProtocolError("invalid_field", f"'encoding' must be one of {', '.join(ENCODINGS)}")
     if len(raw) % width:
         raise ProtocolError(
             "invalid_audio_length", f"{encoding} audio needs a multiple of {width} bytes"
         )
     try:
-        return _clip(decode(raw))
+        return decode(raw)
     except audio.AudioError:
         raise ProtocolError("invalid_samples", "audio contains NaN or infinite samples") from None
 
@@ -87,12 +95,6 @@ def decode_samples(samples: Any) -> np.ndarray:
         return _clip(audio.check_samples(array))
     except audio.AudioError:
         raise ProtocolError("invalid_samples", "audio contains NaN or infinite samples") from None
-
-
-def _clip(samples: np.ndarray) -> np.ndarray:
-    if samples.size and (samples.max() > 1.0 or samples.min() < -1.0):
-        samples = np.clip(samples, -1.0, 1.0)
-    return samples
 
 
 def dumps(obj: Any) -> bytes:

@@ -5,26 +5,33 @@ messages `KeepAlive`, `Finalize` and `CloseStream`. Engine results become `Resul
 interim ones (with `interim_results=true`) while a segment grows, and one final per segment,
 where a segment ends at the model's end of utterance (`speech_final`, unless `endpointing=false`),
 at `Finalize` (`from_finalize`) or at the end of the stream.
-`UtteranceEnd` follows once `utterance_end_ms` of audio passed after the last finalized word. `Metadata` is the last message before the close.
-Each `Finalize` ends the engine stream; later audio opens a new one, its times offset so that
-every time is counted from the start of the connection.
+`UtteranceEnd` follows once `utterance_end_ms` of audio passed after the last finalized word.
+`Metadata` is the last message before the close. Each `Finalize` ends the segment; later audio
+opens a new one (see segments.py: audio sent meanwhile waits for it, times count from the start
+of the connection).
 """
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import uuid
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ... import audio
 from .. import wire
 from ..codes import ProtocolError
-from ..context import ServerContext
-from ..session import Channel, Session
-from ..stream import EngineStream, group_words, text_tokens, timed_words
+from ..protocol import Accept, Handshake, Protocol, Refusal, check_access
+from ..session import Session
 from ..wire import decode_bytes, parse_sample_rate
+from ..words import WordTracker, first_text_time
+
+if TYPE_CHECKING:
+    from ...engine import StreamResult
+    from ..connection import Connection
+    from ..context import ServerContext
+    from ..segment import Segment
 
 PATH = "/v1/listen"
 ENCODINGS = {"linear16": "pcm16", "mulaw": "mulaw", "alaw": "alaw"}
@@ -100,9 +107,19 @@ def _milliseconds(query: dict[str, str], name: str) -> int:
     return int(value)
 
 
-def handshake_error(exc: ProtocolError) -> dict:
-    """The body of a refused handshake, shaped like Deepgram's (HTTP 400)."""
-    return {"err_code": "INVALID_QUERY_PARAMETER", "err_msg": exc.message, "request_id": str(uuid.uuid4())}
+def handshake(ctx: ServerContext, request: Handshake) -> Accept | Refusal:
+    """Deepgram's key forms, then its query parameters; a refusal of those is shaped like
+    Deepgram's (HTTP 400)."""
+    key, subprotocol = credentials(request.headers, list(request.subprotocols))
+    refusal = check_access(ctx, request, key or request.query.get("api_key"))
+    if refusal is not None:
+        return refusal
+    try:
+        options = parse_options(request.query)
+    except ProtocolError as exc:
+        body = {"err_code": "INVALID_QUERY_PARAMETER", "err_msg": exc.message, "request_id": str(uuid.uuid4())}
+        return Refusal(400, exc.code, exc.message, body)
+    return Accept(options, subprotocol)
 
 
 def credentials(headers: dict[str, str], offered: list[str]) -> tuple[str | None, str | None]:
@@ -117,127 +134,116 @@ def credentials(headers: dict[str, str], offered: list[str]) -> tuple[str | None
 
 
 @dataclass
-class Segment:
-    """The tokens since the last final Results (connection times)."""
+class Transcript:
+    """What the next final Results holds: the words since the last one (connection times)."""
 
-    token_ids: list[int] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)
+    words: list[dict] = field(default_factory=list)  # complete ones
     text: str = ""
     start: float = 0.0
+    spoken: bool = False  # a text token came
 
 
 class DeepgramSession(Session):
-    protocol = "deepgram"
-
-    def __init__(self, ctx: ServerContext, channel: Channel, options: Options) -> None:
-        super().__init__(ctx, channel)
+    def __init__(self, connection: Connection, options: Options) -> None:
+        super().__init__(connection, options)
         self.options = options
+        self.segments.rate = options.sample_rate
         self.request_id = str(uuid.uuid4())
         self.created = datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
-        self._tokenizer = ctx.engine.model.tokenizer
-        self._frame_seconds = ctx.engine.model.frame_seconds  # one encoder frame: a token's span
-        self._offset = 0.0  # connection seconds where the current engine stream starts
-        self._received_seconds = 0.0
-        self._stream_seconds = 0.0  # audio in the current engine stream (its padding not counted)
-        self._segment = Segment()
+        self._words = WordTracker(self.info)
+        self._transcript = Transcript()
         self._last_final_word_end: float | None = None  # awaiting its UtteranceEnd
         self._from_finalize = False
         self._closing = False
 
-    async def on_unit(self, unit: str | bytes) -> None:
-        if isinstance(unit, bytes):
-            samples = decode_bytes(unit, self.options.encoding)
+    async def on_message(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            samples = decode_bytes(message, self.options.encoding)
             if self._closing:
                 raise ProtocolError("stream_closed", "audio after CloseStream")
-            self._received_seconds += len(samples) / self.options.sample_rate
-            await self._audio(samples)
+            await self.segments.push(samples)
             return
-        event = wire.loads(unit)
+        event = wire.loads(message)
         kind = event.get("type") if isinstance(event, dict) else None
         if kind == "KeepAlive":
             return  # receiving it restarted the idle clock
         if kind == "Finalize":
-            self._finalize()
+            await self._finalize(from_finalize=not self._closing)
         elif kind == "CloseStream":
-            self._closing = True
-            if not self._finalize():
-                self.end("completed", self.closed_message("completed"))
+            await self._close_stream()
         else:
             raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:40]!r}")
 
-    async def _audio(self, samples: np.ndarray) -> None:
-        if self.hold_while_draining(samples):  # the next stream opens once this one is done
-            return
-        stream = self.stream
-        if stream is None:
-            stream = self.stream = self.open_stream(None, self.options.sample_rate)
-            self._stream_seconds = 0.0
-        await self.push(stream, samples)
-        self._stream_seconds += len(samples) / self.options.sample_rate
-
-    def _finalize(self) -> bool:
-        """End the current engine stream (flushing its words); False when there is none."""
-        stream = self.stream
-        if stream is None or not stream.received_samples:
+    async def _finalize(self, from_finalize: bool) -> bool:
+        """End the current segment's input (flushing its words); False when there is no audio to
+        end. `from_finalize`: its final Results answers a Finalize."""
+        segments = self.segments
+        if segments.draining:  # then the audio waiting behind it
+            if segments.holding:
+                segments.defer(functools.partial(self._finalize, from_finalize))
+            return True
+        segment = segments.current
+        if segment is None or not segment.received_samples:
             return False
-        if not stream.finalized:
-            self._from_finalize = not self._closing
-            stream.finalize()
+        self._from_finalize = from_finalize
+        segment.finalize()
         return True
 
-    async def on_admitted(self, stream: EngineStream) -> None:
-        """Deepgram has no greeting: results simply start to flow."""
+    async def _close_stream(self) -> None:
+        """CloseStream: once every segment is transcribed, Metadata and the close."""
+        self._closing = True
+        if await self._finalize(from_finalize=False):
+            self.segments.defer(self._close_stream)  # checked again once this segment is done
+        else:
+            self.connection.end("completed", self.last_message("completed"))
 
-    async def on_result(self, stream: EngineStream, result, text: str) -> None:
-        if result.error:
-            await self.send(self.error_message(result.error, "inference failed for this stream"))
-            return
-        segment = self._segment
-        real = text_tokens(self._tokenizer, result)
-        now = self._offset + min(result.audio_seconds, self._stream_seconds)
-        await self._utterance_end(self._offset + real[0][1] if real else now)  # the gap, up to the next word
-        if real and not segment.token_ids:
-            segment.start = self._offset + real[0][1]
+    async def on_result(self, segment: Segment, result: StreamResult) -> None:
+        transcript = self._transcript
+        first = first_text_time(self.info.tokenizer, result)
+        first = None if first is None else segment.offset + first
+        now = segment.heard_until(result)
+        await self._utterance_end(now if first is None else first)  # the gap, up to the next word
+        if first is not None and not transcript.spoken:
+            transcript.start, transcript.spoken = first, True
             if self.options.vad_events:
-                await self.send({"type": "SpeechStarted", "channel": [0, 1], "timestamp": round(segment.start, 3)})
-        for token, seconds in real:
-            segment.token_ids.append(token)
-            segment.token_times.append(self._offset + seconds)
-        segment.text += result.text
-        if result.utterance_end or result.is_final:
+                await self.send({"type": "SpeechStarted", "channel": [0, 1], "timestamp": round(first, 3)})
+        ends_transcript = result.utterance_end or result.is_final
+        transcript.words += self._confident(self._words.update(result, now, close=ends_transcript, offset=segment.offset))
+        transcript.text += result.text
+        if ends_transcript:
             await self._send_final(now, speech_final=result.utterance_end)
-        elif self.options.interim_results and real:
+        elif self.options.interim_results and first is not None:
             await self.send(self._results(now, is_final=False, speech_final=False))
         if result.is_final and self._closing:
             await self._utterance_end(now, ended=True)
 
     async def _send_final(self, now: float, speech_final: bool) -> None:
         from_finalize, self._from_finalize = self._from_finalize, False
-        segment = self._segment
-        if segment.token_ids or from_finalize:
+        transcript = self._transcript
+        if transcript.spoken or from_finalize:
             message = self._results(now, is_final=True, speech_final=speech_final and self.options.speech_final)
             message["from_finalize"] = from_finalize
             await self.send(message)
-        if words := self._words(now):
-            self._last_final_word_end = words[-1]["end"]
-        self._segment = Segment(start=now)
+        if transcript.words:
+            self._last_final_word_end = transcript.words[-1]["end"]
+        self._transcript = Transcript(start=now)
 
     async def _utterance_end(self, now: float, ended: bool = False) -> None:
         """UtteranceEnd once `utterance_end_ms` of audio without a word followed the last
         finalized one (or the audio ended)."""
         last, wait = self._last_final_word_end, self.options.utterance_end_ms
-        if wait is None or last is None or self._segment.token_ids:
+        if wait is None or last is None or self._transcript.spoken:
             return
         if ended or now - last >= wait / 1000:
             self._last_final_word_end = None
             await self.send({"type": "UtteranceEnd", "channel": [0, 1], "last_word_end": last})
 
     def _results(self, now: float, is_final: bool, speech_final: bool) -> dict:
-        segment = self._segment
-        start = segment.start if segment.token_ids else now
-        words = self._words(now)
+        transcript = self._transcript
+        start = transcript.start if transcript.spoken else now
+        words = transcript.words + self._confident(self._words.open_word(now))
         alternative = {
-            "transcript": segment.text.strip(),
+            "transcript": transcript.text.strip(),
             "confidence": 1.0 if words else 0.0,
             "words": words,
         }
@@ -256,24 +262,9 @@ class DeepgramSession(Session):
             },
         }
 
-    def _words(self, now: float) -> list[dict]:
-        segment = self._segment
-        groups = group_words(self._tokenizer, list(zip(segment.token_ids, segment.token_times)))
-        words = timed_words(self._tokenizer, groups, self._frame_seconds, now)
+    @staticmethod
+    def _confident(words: list[dict]) -> list[dict]:
         return [{**word, "confidence": 1.0} for word in words]
-
-    async def on_stream_done(self, stream: EngineStream, error: str | None) -> None:
-        self._offset += self._stream_seconds
-        self._stream_seconds = 0.0
-        self.stream = None
-        if error:
-            self.end(error)
-            return
-        waiting, self.held_audio = self.held_audio, []
-        for samples in waiting:  # within the budget: checked as it arrived
-            await self._audio(samples)
-        if self.pending_end or (self._closing and not self._finalize()):
-            self.end(self.pending_end or "completed", self.closed_message("completed"))
 
     def _model_info(self) -> dict:
         return {"name": self.config.model_name, "version": "parakeet-stream", "arch": "parakeet"}
@@ -281,15 +272,11 @@ class DeepgramSession(Session):
     def _model_uuid(self) -> str:
         return str(uuid.UUID(hashlib.md5(self.config.model_name.encode()).hexdigest()))
 
-    def queued_message(self, position: int, estimated_wait_s: float | None) -> dict | None:
-        return None  # Deepgram has no such message: a queued client simply waits for results
-
     def error_message(self, code: str, message: str) -> dict:
         return {"type": "Error", "variant": code, "description": message}
 
-    def closed_message(self, reason: str) -> dict | None:
+    def last_message(self, reason: str) -> dict:
         """Deepgram's last message before the close: Metadata about the whole request."""
-        duration = round(self._received_seconds, 3)
         model = self._model_uuid()
         return {
             "type": "Metadata",
@@ -297,8 +284,11 @@ class DeepgramSession(Session):
             "request_id": self.request_id,
             "sha256": hashlib.sha256(self.request_id.encode()).hexdigest(),
             "created": self.created,
-            "duration": duration,
+            "duration": round(self.segments.received_seconds, 3),
             "channels": 1,
             "models": [model],
             "model_info": {model: self._model_info()},
         }
+
+
+PROTOCOL = Protocol(name="deepgram", metric="deepgram", door="ws", path=PATH, handshake=handshake, session=DeepgramSession)

@@ -1,10 +1,11 @@
 """The native protocol (a superset of the original parakeet-streaming protocol), on TCP and
-WebSocket: client messages parsed and validated, engine results turned into `result` messages."""
+WebSocket: client messages parsed and validated, engine results turned into `result` messages.
+One segment per connection: the connection ends with its final result."""
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import trio
@@ -13,19 +14,20 @@ from ... import audio
 from ...model import config as model_config
 from ...model.config import Lookahead
 from .. import wire
-from ..codes import ProtocolError, error_body
-from ..context import ServerContext
+from ..channel import ChannelClosed
+from ..codes import ProtocolError
 from ..guard import key_ok
-from ..session import Channel, Session
-from ..stream import EngineStream
-from ..wire import (
-    ENCODINGS,
-    decimal,
-    decode_base64,
-    decode_bytes,
-    decode_samples,
-    parse_sample_rate,
-)
+from ..protocol import Accept, Protocol, Refusal
+from ..session import Session
+from ..wire import ENCODINGS, decode_base64, decode_bytes, decode_samples, parse_sample_rate
+from ..words import WordTracker
+
+if TYPE_CHECKING:
+    from ...engine import StreamResult
+    from ..connection import Connection
+    from ..context import ServerContext
+    from ..segment import Segment
+    from ..tcp import TcpChannel
 
 PROTOCOL_VERSION = 3  # 3: results carry `words`
 PRE_AUTH_MAX_LINE = 65536  # TCP with an API key: the longest first line (it carries the key)
@@ -95,7 +97,7 @@ def parse_audio(obj: dict, encoding: str) -> Audio:
         return Audio(decode_samples(obj["samples"]), final)
     if has_data:
         raw = decode_base64(obj["data"])
-        return Audio(decode_bytes(raw, parse_encoding(obj.get("encoding") or encoding)), final)
+        return Audio(decode_bytes(raw, obj.get("encoding") or encoding), final)
     if not final:
         raise ProtocolError("missing_field", "audio needs 'data' or 'samples'")
     return Audio(None, True)
@@ -126,167 +128,143 @@ def parse_lookahead(value: Any) -> Lookahead:
         raise ProtocolError("invalid_config", "'lookahead' must look like \"70,1\" or [70, 1]") from None
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def split_lines(frame: str | bytes) -> tuple[str | bytes, ...] | Iterator[str]:
+    """The original server accepted several newline-separated messages per frame."""
+    if isinstance(frame, bytes) or "\n" not in frame:
+        return (frame,)
+    return _lines(frame)
+
+
+def _lines(frame: str) -> Iterator[str]:
+    start = 0
+    while start < len(frame):  # one line at a time: a frame of tiny lines is not copied at once
+        end = frame.find("\n", start)
+        end = len(frame) if end < 0 else end
+        if line := frame[start:end].strip():
+            yield line
+        start = end + 1
+
+
+async def tcp_handshake(ctx: ServerContext, channel: TcpChannel) -> Accept | Refusal | None:
+    """TCP has no headers: with an API key, the first line (at most PRE_AUTH_MAX_LINE bytes,
+    within the handshake timeout) must carry it as "api_key" in any message, which is then
+    handled as the first message; any other first line is refused. No segment, hence no slot,
+    before that."""
+    if ctx.config.api_key is None:
+        return Accept({})
+    with trio.move_on_after(ctx.config.handshake_timeout):
+        try:
+            line = await channel.receive(PRE_AUTH_MAX_LINE)
+            fields = wire.loads(line)
+        except ProtocolError as exc:
+            return Refusal(400, exc.code, exc.message)
+        except ChannelClosed:
+            return None
+        if not key_ok(ctx.config.api_key, fields.get("api_key") if isinstance(fields, dict) else None):
+            return Refusal(401, "unauthorized", "a valid API key is required")
+        return Accept({}, first=line)
+    return Refusal(401, "unauthorized", "no API key within the handshake timeout")
 
 
 class NativeSession(Session):
-    def __init__(self, ctx: ServerContext, channel: Channel, query: dict[str, str]) -> None:
-        super().__init__(ctx, channel)
-        self.protocol = channel.transport
+    several_segments = False
+    announces_queue = True
+    sends_failed_results = True  # after the error, a final result with its `error` field
+
+    def __init__(self, connection: Connection, query: dict[str, str]) -> None:
+        super().__init__(connection, query)
         self._query = query
         self.declared = StreamConfig()
+        self.encoding = "pcm16"
         self._first = True
         self._hello_sent = False
-        # TCP has no handshake: with an API key, the first message must carry it
-        self._key_pending = ctx.config.api_key is not None and channel.transport == "tcp"
+        self._words = WordTracker(self.info)
 
-    @property
-    def encoding(self) -> str:
-        return self.declared.encoding or "pcm16"
+    async def open(self) -> None:
+        self._declare(parse_config(self._query, from_url=True))
+        self._open()
 
-    async def on_open(self) -> None:
-        self.declared = parse_config(self._query, from_url=True)
-        if self._key_pending:
-            self._full_line = self.channel.max_line
-            self.channel.max_line = min(self._full_line, PRE_AUTH_MAX_LINE)
-            self._nursery.start_soon(self._auth_deadline)
-        else:
-            self._open()
-
-    async def _auth_deadline(self) -> None:
-        """Unauthenticated connections hold no stream, and not for long either."""
-        await trio.sleep(self.config.handshake_timeout)
-        if self._key_pending:
-            self.end("unauthorized", error_body("unauthorized", "no API key within the handshake timeout"))
-
-    def _open(self) -> None:
-        rate = self.declared.sample_rate or audio.SAMPLE_RATE
-        self.stream = self.open_stream(self.declared.lookahead, rate)
-
-    def split(self, frame: str | bytes) -> Iterator[str | bytes]:
-        # the original server accepted several newline-separated messages per frame
-        if isinstance(frame, bytes) or "\n" not in frame:
-            yield frame
-            return
-        start = 0
-        while start < len(frame):  # one line at a time: a frame of tiny lines is not copied at once
-            end = frame.find("\n", start)
-            end = len(frame) if end < 0 else end
-            if line := frame[start:end].strip():
-                yield line
-            start = end + 1
-
-    async def on_unit(self, unit: str | bytes) -> None:
-        obj = _sniff_json(unit) if isinstance(unit, bytes) else wire.loads(unit)
-        first, self._first = self._first, False
-        if obj is RAW_AUDIO:  # a binary frame of raw audio in the declared encoding
-            await self._audio(Audio(decode_bytes(unit, self.encoding), False))
-            return
-        if first and await self._first_message(obj):
-            return
-        message = parse(obj, self.encoding)
-        del obj  # parsed JSON (a samples list) can be many times the audio it carries
-        if isinstance(message, Start):
-            raise ProtocolError("bad_state", "start/config is only accepted as the first message")
-        await self._dispatch(message)
-
-    async def _first_message(self, obj: Any) -> bool:
-        """Authenticate and apply a start/config; True when the message is consumed."""
-        fields = obj if isinstance(obj, dict) else {}
-        if self._key_pending:
-            if not key_ok(self.config.api_key, fields.get("api_key")):
-                raise ProtocolError("unauthorized", "a valid API key is required")
-            self._key_pending = False
-            self.channel.max_line = self._full_line
-        if fields.get("type") not in START_TYPES:
-            if self.stream is None:
-                self._open()
-            return False
-        await self._start(parse_config(fields))
-        return True
-
-    async def _start(self, config: StreamConfig) -> None:
+    def _declare(self, config: StreamConfig) -> None:
         updates = {k: v for k, v in vars(config).items() if v is not None}
         self.declared = replace(self.declared, **updates)
-        stream = self.stream
-        if stream is not None and self._lookahead() != stream.lookahead:
-            stream.release()  # nothing was pushed yet: reopen with the requested mode
-            stream = None
-        if stream is None:
+        self.encoding = self.declared.encoding or "pcm16"
+        self.segments.rate = self.declared.sample_rate or audio.SAMPLE_RATE
+
+    def _open(self) -> None:
+        self.segments.open(self.declared.lookahead)
+
+    async def on_message(self, message: str | bytes) -> None:
+        obj = _sniff_json(message) if isinstance(message, bytes) else wire.loads(message)
+        first, self._first = self._first, False
+        if obj is RAW_AUDIO:  # a binary frame of raw audio in the declared encoding
+            await self.segments.push(decode_bytes(message, self.encoding))
+            return
+        parsed = parse(obj, self.encoding)
+        del obj  # parsed JSON (a samples list) can be many times the audio it carries
+        if isinstance(parsed, Audio):
+            if parsed.samples is not None and len(parsed.samples):
+                await self.segments.push(parsed.samples)
+            if parsed.final:
+                self.segments.current.finalize()
+        elif isinstance(parsed, Ping):
+            await self.send({"type": "pong"})
+        elif isinstance(parsed, Close):
+            self.segments.current.finalize()
+        elif first:
+            await self._start(parsed.config)
+        else:
+            raise ProtocolError("bad_state", "start/config is only accepted as the first message")
+
+    async def _start(self, config: StreamConfig) -> None:
+        self._declare(config)
+        segment = self.segments.current
+        if tuple(self.declared.lookahead or self.info.default_lookahead) != segment.lookahead:
+            self.segments.discard()  # nothing was pushed yet: reopen with the requested mode
             self._open()
         else:
-            stream.set_input_rate(self.declared.sample_rate or audio.SAMPLE_RATE)
-        await self.send({"type": "started", **self._stream_info(self.stream)})
+            segment.set_input_rate(self.segments.rate)
+        await self.send({"type": "started", **self._stream_info(self.segments.current)})
 
-    def _lookahead(self) -> tuple[int, int]:
-        return tuple(self.declared.lookahead or self.ctx.engine.default_lookahead)
-
-    async def _dispatch(self, message: Audio | Close | Ping) -> None:
-        if isinstance(message, Ping):
-            await self.send({"type": "pong"})
-        elif isinstance(message, Close):
-            self.stream.finalize()
-        else:
-            await self._audio(message)
-
-    async def _audio(self, message: Audio) -> None:
-        stream = self.stream
-        if message.samples is not None and len(message.samples):
-            await self.push(stream, message.samples)
-        if message.final:
-            stream.finalize()
-
-    async def on_admitted(self, stream: EngineStream) -> None:
+    async def on_admitted(self, segment: Segment) -> None:
         if not self._hello_sent:
             self._hello_sent = True
-            await self.send({"type": "hello", **self._stream_info(stream)})
+            await self.send({"type": "hello", **self._stream_info(segment)})
 
-    def _stream_info(self, stream: EngineStream) -> dict:
+    def _stream_info(self, segment: Segment) -> dict:
         return {
-            "stream_id": stream.sid,
-            "sample_rate": stream.input_rate,
-            "model_sample_rate": self.ctx.engine.sample_rate,
+            "stream_id": segment.sid,
+            "sample_rate": segment.input_rate,
+            "model_sample_rate": self.info.sample_rate,
             "encoding": self.encoding,
-            "lookahead": list(stream.lookahead),
-            "chunk_seconds": self.ctx.engine.chunk_seconds(stream.lookahead),
+            "lookahead": list(segment.lookahead),
+            "chunk_seconds": self.info.chunk_seconds[segment.lookahead],
             "model": self.config.model_name,
             "protocol_version": PROTOCOL_VERSION,
         }
 
-    async def on_result(self, stream: EngineStream, result, text: str) -> None:
+    async def on_result(self, segment: Segment, result: StreamResult) -> None:
+        message = {
+            "type": "result",
+            "stream_id": segment.sid,
+            "text": segment.text,  # the transcript so far, as in the original protocol
+            "delta": result.text,
+            "token_ids": result.token_ids,
+            "is_final": result.is_final,
+            "utterance_end": result.utterance_end,
+            "start": result.start,
+            "end": result.end,
+            "token_times": result.token_times,
+            # the words this result completes: {word, start, end}
+            "words": self._words.update(result, result.audio_seconds, close=result.is_final),
+            "audio_seconds": result.audio_seconds,
+            "latency": result.latency,
+        }
         if result.error:
-            await self.send(self.error_message(result.error, "inference failed for this stream"))
-        await self.send(_result_message(stream, result, text))
+            message["error"] = result.error
+        await self.send(message)
 
-    async def on_stream_done(self, stream: EngineStream, error: str | None) -> None:
-        if error:
-            self.end(error)
-        elif self.pending_end:
-            self.end_after_final(self.pending_end)
-        else:
-            self.end("completed")
-
-
-def _result_message(stream: EngineStream, result, text: str) -> dict:
-    message = {
-        "type": "result",
-        "stream_id": stream.sid,
-        "text": text,  # the transcript so far, as in the original protocol
-        "delta": result.text,
-        "token_ids": result.token_ids,
-        "is_final": result.is_final,
-        "utterance_end": result.utterance_end,
-        "start": result.start,
-        "end": result.end,
-        "token_times": result.token_times,
-        "words": stream.words,  # the words this result completes: {word, start, end}
-        "audio_seconds": result.audio_seconds,
-        "latency": result.latency,
-    }
-    if result.error:
-        message["error"] = result.error
-    return message
+    def last_message(self, reason: str) -> dict:
+        return {"type": "closed", "reason": reason}
 
 
 def _sniff_json(frame: bytes) -> Any:
@@ -298,3 +276,7 @@ def _sniff_json(frame: bytes) -> Any:
     except ProtocolError:
         return RAW_AUDIO
     return obj if isinstance(obj, dict) else RAW_AUDIO
+
+
+WEBSOCKET = Protocol(name="native", metric="ws", door="ws", session=NativeSession, split=split_lines)
+TCP = Protocol(name="native", metric="tcp", door="tcp", session=NativeSession, split=split_lines, handshake=tcp_handshake)

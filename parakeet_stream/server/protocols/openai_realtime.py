@@ -5,23 +5,27 @@ The client appends base64 audio to an input buffer; the server answers with tran
 deltas of the current item and, once an item ends, `committed` and `completed`. An item ends at
 the model's end of utterance (`<EOU>`) when turn detection is on (speech_started/speech_stopped
 frame it), and at the client's `input_audio_buffer.commit` in any mode. A commit ends the
-engine stream (flushing the last words); audio appended while it drains waits for the next one.
-Times (`audio_start_ms`, `audio_end_ms`) count from the first audio of the connection.
+segment (flushing the last words); audio appended while it drains waits for the next one, and
+so does a commit of it. Times (`audio_start_ms`, `audio_end_ms`) count from the first audio of
+the connection.
 """
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from .. import wire
-from ..codes import ProtocolError
-from ..context import ServerContext
-from ..session import Channel, Session
-from ..stream import EngineStream, text_tokens
+from ..codes import KEEP_OPEN, ProtocolError
+from ..protocol import Protocol
+from ..session import Session
 from ..wire import decode_base64, decode_bytes, parse_sample_rate
+from ..words import first_text_time
+
+if TYPE_CHECKING:
+    from ...engine import StreamResult
+    from ..connection import Connection
+    from ..segment import Segment
 
 DEFAULT_RATE = 24000  # OpenAI's PCM rate
 G711_FORMATS = {"audio/pcmu": "mulaw", "audio/pcma": "alaw"}
@@ -37,6 +41,7 @@ NOISE_REDUCTION_FIELDS = {"type", "strength"}
 SERVER_ERRORS = {"inference_error", "internal_error"}
 # the `param` of the audio decoding errors (raised by wire, which knows no OpenAI)
 PARAMS = {"invalid_base64": "audio", "invalid_audio_length": "audio", "invalid_samples": "audio"}
+CODES = {"input_audio_buffer_commit_empty": KEEP_OPEN}  # OpenAI's own: a commit with no audio
 
 
 def event_id() -> str:
@@ -45,6 +50,12 @@ def event_id() -> str:
 
 def item_id() -> str:
     return f"item_{uuid.uuid4().hex}"
+
+
+def is_openai(query: dict[str, str]) -> bool:
+    """/v1/realtime speaks OpenAI's dialect when the URL says so, as the openai SDK's always
+    does (`model=...` or `intent=transcription`); vLLM's clients send neither."""
+    return query.get("intent") == "transcription" or "model" in query
 
 
 class InvalidRequest(ProtocolError):
@@ -126,45 +137,79 @@ def _object(value: Any, param: str) -> dict:
     return value
 
 
-class OpenAIRealtimeSession(Session):
-    protocol = "openai"
+@dataclass
+class Settings:
+    """A transcription session's settings: what session.update sets, session.created/updated echo."""
 
-    def __init__(self, ctx: ServerContext, channel: Channel) -> None:
-        super().__init__(ctx, channel)
-        self.format = AudioFormat()
-        self.turn_detection: dict | None = dict(SERVER_VAD)
-        self.transcription: dict | None = {"model": self.config.model_name}
-        self.noise_reduction: dict | None = None
-        self._tokenizer = ctx.engine.model.tokenizer
+    format: AudioFormat = field(default_factory=AudioFormat)
+    turn_detection: dict | None = field(default_factory=lambda: dict(SERVER_VAD))
+    transcription: dict | None = None
+    noise_reduction: dict | None = None
+
+    def updated(self, session: Any, holds_audio: bool) -> Settings:
+        """These settings with a session.update's changes, once every field is valid."""
+        if not isinstance(session, dict) or session.get("type") != "transcription":
+            raise InvalidRequest(
+                "invalid_field", "only transcription sessions are served: session.type must be 'transcription'",
+                "session.type",
+            )
+        audio_input = _object(_object(session.get("audio"), "session.audio").get("input"), "session.audio.input")
+        changes: dict[str, Any] = {}
+        if "format" in audio_input:
+            changes["format"] = parse_format(audio_input["format"])
+            if changes["format"] != self.format and holds_audio:
+                raise InvalidRequest(
+                    "bad_state", "the audio format can only change while the input buffer is empty",
+                    "session.audio.input.format",
+                )
+        if "turn_detection" in audio_input:
+            changes["turn_detection"] = parse_turn_detection(audio_input["turn_detection"])
+        if "transcription" in audio_input:
+            changes["transcription"] = parse_optional_object(
+                audio_input["transcription"], TRANSCRIPTION_FIELDS, "session.audio.input.transcription"
+            )
+        if "noise_reduction" in audio_input:
+            changes["noise_reduction"] = parse_optional_object(
+                audio_input["noise_reduction"], NOISE_REDUCTION_FIELDS, "session.audio.input.noise_reduction"
+            )
+        return replace(self, **changes)
+
+    def describe(self) -> dict:
+        audio_input = {
+            "format": self.format.describe(),
+            "noise_reduction": self.noise_reduction,
+            "transcription": self.transcription,
+            "turn_detection": self.turn_detection,
+        }
+        return {"type": "transcription", "audio": {"input": audio_input}}
+
+
+class OpenAIRealtimeSession(Session):
+    def __init__(self, connection: Connection, options: object) -> None:
+        super().__init__(connection, options)
+        self.settings = Settings(transcription={"model": self.config.model_name})
+        self.segments.rate = self.settings.format.rate
         self._error_context: tuple[str | None, str | None] = (None, None)  # (client event_id, param)
         self._item: Item | None = None
         self._previous_item: str | None = None
-        self._offset = 0.0  # connection seconds where the current engine stream starts
-        self._stream_seconds = 0.0  # audio appended to the current engine stream
-        self._cleared_seconds = 0.0  # waiting audio dropped by a clear (it follows the stream)
         self._item_start = 0.0  # connection seconds where the next item starts
-        self._commit_waiting = False  # a commit of the audio held while a committed stream drains
 
     # -- client events ----------------------------------------------------------------
-    async def on_open(self) -> None:
-        await self.send({"type": "session.created", "event_id": event_id(), "session": self._session()})
+    async def open(self) -> None:
+        await self.send({"type": "session.created", "event_id": event_id(), "session": self.settings.describe()})
 
-    async def on_unit(self, unit: str | bytes) -> None:
-        event = self._event(unit)
+    async def on_message(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            raise ProtocolError("invalid_message", "binary frames are not part of the Realtime API")
+        event = wire.loads(message)
+        if not isinstance(event, dict):
+            raise ProtocolError("invalid_message", "an event must be a JSON object")
         client_event = event.get("event_id")
         try:
             await self._dispatch(event)
-        except ProtocolError as exc:  # the base class sends error_message(): give it the context
+        except ProtocolError as exc:  # the connection sends error_message(): give it the context
             self._error_context = (client_event if isinstance(client_event, str) else None, getattr(exc, "param", None))
             raise
-
-    def _event(self, unit: str | bytes) -> dict:
-        if isinstance(unit, bytes):
-            raise ProtocolError("invalid_message", "binary frames are not part of the Realtime API")
-        event = wire.loads(unit)
-        if not isinstance(event, dict):
-            raise ProtocolError("invalid_message", "an event must be a JSON object")
-        return event
 
     async def _dispatch(self, event: dict) -> None:
         kind = event.get("type")
@@ -180,43 +225,10 @@ class OpenAIRealtimeSession(Session):
             raise InvalidRequest("unknown_type", f"Unsupported event type: {str(kind)[:40]!r}", "type")
 
     async def _update(self, event: dict) -> None:
-        session = event.get("session")
-        if not isinstance(session, dict) or session.get("type") != "transcription":
-            raise InvalidRequest(
-                "invalid_field", "only transcription sessions are served: session.type must be 'transcription'",
-                "session.type",
-            )
-        audio_input = _object(_object(session.get("audio"), "session.audio").get("input"), "session.audio.input")
-        changes: dict[str, Any] = {}
-        if "format" in audio_input:
-            changes["format"] = parse_format(audio_input["format"])
-            if changes["format"] != self.format and self._holds_audio():
-                raise InvalidRequest(
-                    "bad_state", "the audio format can only change while the input buffer is empty",
-                    "session.audio.input.format",
-                )
-        if "turn_detection" in audio_input:
-            changes["turn_detection"] = parse_turn_detection(audio_input["turn_detection"])
-        if "transcription" in audio_input:
-            changes["transcription"] = parse_optional_object(
-                audio_input["transcription"], TRANSCRIPTION_FIELDS, "session.audio.input.transcription"
-            )
-        if "noise_reduction" in audio_input:
-            changes["noise_reduction"] = parse_optional_object(
-                audio_input["noise_reduction"], NOISE_REDUCTION_FIELDS, "session.audio.input.noise_reduction"
-            )
-        for name, value in changes.items():  # applied only once every field is valid
-            setattr(self, name, value)
-        await self.send({"type": "session.updated", "event_id": event_id(), "session": self._session()})
-
-    def _session(self) -> dict:
-        audio_input = {
-            "format": self.format.describe(),
-            "noise_reduction": self.noise_reduction,
-            "transcription": self.transcription,
-            "turn_detection": self.turn_detection,
-        }
-        return {"type": "transcription", "audio": {"input": audio_input}}
+        holds_audio = self.segments.current is not None or self.segments.holding
+        self.settings = self.settings.updated(event.get("session"), holds_audio)
+        self.segments.rate = self.settings.format.rate
+        await self.send({"type": "session.updated", "event_id": event_id(), "session": self.settings.describe()})
 
     async def _append(self, event: dict) -> None:
         if "audio" not in event:
@@ -225,26 +237,17 @@ class OpenAIRealtimeSession(Session):
             raw = decode_base64(event["audio"])
         except ProtocolError as exc:  # its message names the native field
             raise InvalidRequest(exc.code, "'audio' must be a base64 string", "audio") from None
-        samples = decode_bytes(raw, self.format.encoding)
-        await self._audio(samples)
-
-    async def _audio(self, samples: np.ndarray) -> None:
-        if self.hold_while_draining(samples):  # the next stream opens once this one is done
-            return
-        stream = self.stream
-        if stream is None:
-            stream = self.stream = self.open_stream(None, self.format.rate)
-        await self.push(stream, samples)
-        self._stream_seconds += len(samples) / self.format.rate
+        await self.segments.push(decode_bytes(raw, self.settings.format.encoding))
 
     async def _commit(self) -> None:
-        stream = self.stream
-        if stream is not None and stream.finalized:
-            if not self.held_audio:
+        segments = self.segments
+        if segments.draining:
+            if not segments.holding:
                 raise self._empty_commit()
-            self._commit_waiting = True  # taken up when the draining stream is done
+            segments.defer(self._commit)  # a commit of the audio waiting for the next segment
             return
-        if stream is None or self._offset + self._stream_seconds <= self._item_start:
+        segment = segments.current
+        if segment is None or segment.heard_until() <= self._item_start:
             raise self._empty_commit()
         item = self._current_item()
         item.committed = True
@@ -252,7 +255,7 @@ class OpenAIRealtimeSession(Session):
             {"type": "input_audio_buffer.committed", "event_id": event_id(), "item_id": item.id,
              "previous_item_id": self._previous_item}
         )
-        stream.finalize()
+        segment.finalize()
 
     def _empty_commit(self) -> InvalidRequest:
         return InvalidRequest(
@@ -260,40 +263,29 @@ class OpenAIRealtimeSession(Session):
         )
 
     async def _clear(self) -> None:
-        """Drop the audio not yet committed: the waiting audio, or the current engine stream."""
-        stream = self.stream
-        if stream is not None and stream.finalized:
-            self._cleared_seconds += sum(len(w) for w in self.held_audio) / self.format.rate
-            self.held_audio, self._commit_waiting = [], False
-        elif stream is not None:
-            self._retire(stream)
-            self._end_stream()
+        """Drop the audio not yet committed: the waiting audio, or the current segment."""
+        segments = self.segments
+        if segments.draining:
+            segments.drop_held()
+        elif segments.current is not None:
+            segments.discard()
             self._item = None
-            self._item_start = self._offset
+            self._item_start = segments.offset
         await self.send({"type": "input_audio_buffer.cleared", "event_id": event_id()})
 
-    def _holds_audio(self) -> bool:
-        return self.stream is not None or bool(self.held_audio)
-
     # -- results ----------------------------------------------------------------------
-    async def on_admitted(self, stream: EngineStream) -> None:
-        """session.created was sent at connect: results simply start to flow."""
+    async def on_result(self, segment: Segment, result: StreamResult) -> None:
+        first = first_text_time(self.info.tokenizer, result)
+        if first is not None or result.text:
+            await self._transcribe(segment, result.text, first or 0.0)
+        if result.utterance_end and self.settings.turn_detection is not None and self._item is not None:
+            await self._complete(segment.heard_until(result))
 
-    async def on_result(self, stream: EngineStream, result, text: str) -> None:
-        if result.error:
-            await self.send(self.error_message(result.error, "inference failed for this stream"))
-            return
-        times = [s for _, s in text_tokens(self._tokenizer, result)]
-        if times or result.text:
-            await self._transcribe(result.text, times[0] if times else 0.0)
-        if result.utterance_end and self.turn_detection is not None and self._item is not None:
-            await self._complete(self._offset + min(result.audio_seconds, self._stream_seconds))
-
-    async def _transcribe(self, text: str, first_token: float) -> None:
+    async def _transcribe(self, segment: Segment, text: str, first_token: float) -> None:
         item = self._current_item()
-        if not item.speaking and not item.committed and self.turn_detection is not None:
+        if not item.speaking and not item.committed and self.settings.turn_detection is not None:
             item.speaking = True
-            start = _ms(self._offset + first_token)
+            start = _ms(segment.offset + first_token)
             await self._send_item_event("input_audio_buffer.speech_started", audio_start_ms=start)
         delta = text if item.text else text.lstrip()
         if delta:
@@ -325,31 +317,11 @@ class OpenAIRealtimeSession(Session):
         )
         self._previous_item, self._item, self._item_start = item.id, None, end
 
-    async def on_stream_done(self, stream: EngineStream, error: str | None) -> None:
-        end = self._offset + self._stream_seconds
-        if error:
-            self._end_stream()
-            self.end(error)
-            return
+    async def on_segment_finished(self, segment: Segment) -> None:
         if self._item is not None:
-            await self._complete(end)
+            await self._complete(segment.heard_until())
         self._item = None
-        self._end_stream()
-        self._item_start = self._offset
-        if self.pending_end:
-            self.end(self.pending_end)
-            return
-        waiting, self.held_audio = self.held_audio, []
-        for samples in waiting:  # within the budget: checked as it arrived
-            await self._audio(samples)
-        if self._commit_waiting:
-            self._commit_waiting = False
-            await self._commit()
-
-    def _end_stream(self) -> None:
-        self.stream = None
-        self._offset += self._stream_seconds + self._cleared_seconds
-        self._stream_seconds = self._cleared_seconds = 0.0
+        self._item_start = self.segments.offset
 
     # -- messages ---------------------------------------------------------------------
     def error_message(self, code: str, message: str) -> dict:
@@ -359,12 +331,12 @@ class OpenAIRealtimeSession(Session):
                  "event_id": client_event}
         return {"type": "error", "event_id": event_id(), "error": error}
 
-    def queued_message(self, position: int, estimated_wait_s: float | None) -> dict | None:
-        return None  # OpenAI has no such event: a queued client simply waits for transcripts
-
-    def closed_message(self, reason: str) -> dict | None:
-        return None  # the WebSocket close frame carries the reason
-
 
 def _ms(seconds: float) -> int:
     return round(seconds * 1000)
+
+
+PROTOCOL = Protocol(
+    name="openai", metric="openai", door="ws", path="/v1/realtime", matches=is_openai,
+    session=OpenAIRealtimeSession, codes=CODES,
+)

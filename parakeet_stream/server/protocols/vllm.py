@@ -1,17 +1,25 @@
-"""`/v1/realtime`: vLLM's realtime transcription API over WebSocket."""
+"""`/v1/realtime`: vLLM's realtime transcription API over WebSocket.
+
+Each `commit` with `final: true` ends an utterance (a segment); `transcription.done` follows its
+last delta, and the next audio starts a new one. Audio appended before that `done` waits for the
+next utterance, and so does a `commit final` sent behind it.
+"""
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ... import audio
 from .. import wire
 from ..codes import ProtocolError
-from ..context import ServerContext
-from ..session import Channel, Session
-from ..stream import EngineStream
+from ..protocol import Protocol
+from ..session import Session
 from ..wire import decode_base64, decode_bytes, parse_sample_rate
+
+if TYPE_CHECKING:
+    from ...engine import StreamResult
+    from ..connection import Connection
+    from ..segment import Segment
 
 # our codes -> the names vLLM's realtime server uses for the same failures
 VLLM_CODES = {
@@ -22,38 +30,36 @@ VLLM_CODES = {
 
 
 class VllmRealtimeSession(Session):
-    protocol = "realtime"
+    announces_queue = True
 
-    def __init__(self, ctx: ServerContext, channel: Channel, query: dict[str, str]) -> None:
-        super().__init__(ctx, channel)
+    def __init__(self, connection: Connection, query: dict[str, str]) -> None:
+        super().__init__(connection, query)
         self._query = query
-        self.sample_rate = audio.SAMPLE_RATE
         self._created = False
 
-    async def on_open(self) -> None:
+    async def open(self) -> None:
         if "sample_rate" in self._query:
-            self.sample_rate = parse_sample_rate(self._query["sample_rate"], from_url=True)
-        self._ensure_stream()
+            self.segments.rate = parse_sample_rate(self._query["sample_rate"], from_url=True)
+        self.segments.open()  # wait for a slot at once: session.created says it is ours
 
-    def _ensure_stream(self) -> EngineStream:
-        """The stream of the current utterance; a new one after transcription.done."""
-        if self.stream is None:
-            self.stream = self.open_stream(None, self.sample_rate)
-        return self.stream
-
-    async def on_unit(self, unit: str | bytes) -> None:
-        if isinstance(unit, bytes):
+    async def on_message(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
             raise ProtocolError("invalid_message", "binary frames are not part of the realtime API")
-        event = wire.loads(unit)
+        event = wire.loads(message)
         if not isinstance(event, dict):
             raise ProtocolError("invalid_message", "an event must be a JSON object")
         kind = event.get("type")
         if kind == "session.update":
             self._update(event)
         elif kind == "input_audio_buffer.append":
-            await self._append(event)
+            if "audio" not in event:
+                raise ProtocolError("missing_field", "'audio' is required")
+            await self.segments.push(decode_bytes(decode_base64(event["audio"]), "pcm16"))
         elif kind == "input_audio_buffer.commit":
-            self._commit(event)
+            final = event.get("final", False)
+            if not isinstance(final, bool):
+                raise ProtocolError("invalid_field", "'final' must be a boolean")
+            await self._commit(final)
         else:
             raise ProtocolError("unknown_type", f"Unknown event type: {str(kind)[:40]}")
 
@@ -62,30 +68,23 @@ class VllmRealtimeSession(Session):
         session = event.get("session") if isinstance(event.get("session"), dict) else event
         if session.get("sample_rate") is None:
             return
-        stream = self._ensure_stream()
-        if stream.received_samples:
+        segment = self.segments.current or self.segments.open()
+        if segment.received_samples:
             raise ProtocolError("bad_state", "sample_rate can only change before audio is sent")
-        self.sample_rate = parse_sample_rate(session["sample_rate"])
-        stream.set_input_rate(self.sample_rate)
+        self.segments.rate = parse_sample_rate(session["sample_rate"])
+        segment.set_input_rate(self.segments.rate)
 
-    async def _append(self, event: dict[str, Any]) -> None:
-        if "audio" not in event:
-            raise ProtocolError("missing_field", "'audio' is required")
-        samples = decode_bytes(decode_base64(event["audio"]), "pcm16")
-        stream = self._ensure_stream()
-        if stream.finalized:
-            raise ProtocolError("stream_closed", "wait for transcription.done before the next utterance")
-        await self.push(stream, samples)
-
-    def _commit(self, event: dict[str, Any]) -> None:
-        final = event.get("final", False)
-        if not isinstance(final, bool):
-            raise ProtocolError("invalid_field", "'final' must be a boolean")
-        stream = self._ensure_stream()
+    async def _commit(self, final: bool = True) -> None:
+        segments = self.segments
+        if segments.draining:  # a final commit ends the audio waiting behind the draining segment
+            if final and segments.holding:
+                segments.defer(self._commit)
+            return
+        segment = segments.current or segments.open()
         if final:
-            stream.finalize()
+            segment.finalize()
 
-    async def on_admitted(self, stream: EngineStream) -> None:
+    async def on_admitted(self, segment: Segment) -> None:
         if not self._created:
             self._created = True
             await self.send(
@@ -94,28 +93,20 @@ class VllmRealtimeSession(Session):
                     "id": f"sess-{uuid.uuid4().hex}",
                     "created": int(time.time()),
                     "model": self.config.model_name,
-                    "sample_rate": self.sample_rate,
+                    "sample_rate": self.segments.rate,
                 }
             )
 
-    async def on_result(self, stream: EngineStream, result, text: str) -> None:
-        if result.error:
-            await self.send(self.error_message(result.error, "inference failed for this stream"))
-        elif result.text:
+    async def on_result(self, segment: Segment, result: StreamResult) -> None:
+        if result.text:
             await self.send({"type": "transcription.delta", "delta": result.text})
 
-    async def on_stream_done(self, stream: EngineStream, error: str | None) -> None:
-        self.stream = None
-        if error:
-            self.end(error)
-            return
-        usage = {"prompt_tokens": 0, "completion_tokens": stream.token_count, "total_tokens": stream.token_count}
-        await self.send({"type": "transcription.done", "text": stream.text, "usage": usage})
-        if self.pending_end:
-            self.end(self.pending_end)
+    async def on_segment_finished(self, segment: Segment) -> None:
+        usage = {"prompt_tokens": 0, "completion_tokens": segment.token_count, "total_tokens": segment.token_count}
+        await self.send({"type": "transcription.done", "text": segment.text, "usage": usage})
 
     def error_message(self, code: str, message: str) -> dict:
         return {"type": "error", "error": message, "code": VLLM_CODES.get(code, code)}
 
-    def closed_message(self, reason: str) -> dict | None:
-        return None  # the WebSocket close frame carries the reason
+
+PROTOCOL = Protocol(name="vllm", metric="realtime", door="ws", path="/v1/realtime", session=VllmRealtimeSession)

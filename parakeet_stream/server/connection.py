@@ -1,0 +1,181 @@
+"""One client connection: a reader and a writer loop around its protocol's session.
+
+The connection owns what every protocol shares: reading (batches, the message rate, the idle
+timeout), writing (on every wake-up of the segments, the session delivers), how it ends (error
+codes and their close policy, a vanished or slow client) and the drain at shutdown. It logs one
+line when it opens and one when it closes, on the `parakeet_stream.connections` logger (an access
+log: silence it on its own with `logging.getLogger("parakeet_stream.connections").setLevel(...)`).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from . import wire
+from .channel import Channel, ChannelClosed, SlowConsumer
+from .codes import ProtocolError
+from .guard import MAX_BATCH_MESSAGES, MESSAGE_UNIT_BYTES, TokenBucket
+
+if TYPE_CHECKING:
+    from .context import ServerContext
+    from .protocol import Protocol
+
+log = logging.getLogger(__name__)
+access = logging.getLogger("parakeet_stream.connections")
+
+SILENT_ENDS = ("vanished", "slow_consumer")  # nothing can be sent after these
+
+
+class Connection:
+    def __init__(self, ctx: ServerContext, channel: Channel, protocol: Protocol, options: Any) -> None:
+        self.ctx = ctx
+        self.channel = channel
+        self.protocol = protocol
+        self.session = protocol.session(self, options)
+        self.segments = self.session.segments
+        self.end_reason: str | None = None
+        self._end_message: dict | None = None
+        self._nursery: trio.Nursery | None = None
+        self._reader_scope = trio.CancelScope()
+        self._idle_scope = trio.CancelScope()
+        self._rate = TokenBucket(ctx.config.max_messages_per_second)
+
+    async def run(self, first: str | None = None) -> None:
+        """Serve until the connection ends; `first`: a message the handshake already read."""
+        ctx, channel, label = self.ctx, self.channel, self.protocol.metric
+        where = f"peer={channel.peer} door={channel.door} protocol={self.protocol.name}"
+        access.info("connection open %s", where)
+        ctx.open_sessions += 1
+        ctx.metrics.connections.labels(label).inc()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._read_loop, first)
+                nursery.start_soon(self._write_loop)
+                nursery.start_soon(self._watch_shutdown)
+        except Exception:
+            log.exception("connection handler failed")
+            self.end("internal_error", self.session.error_message("internal_error", "internal server error"))
+        finally:
+            with trio.CancelScope(shield=True):
+                self.segments.close()
+                await self._close()
+            ctx.open_sessions -= 1
+            ctx.metrics.connections.labels(label).dec()
+            access.info(
+                "connection closed %s reason=%s audio_s=%.1f results=%d",
+                where, self.end_reason or "vanished", self.segments.received_seconds, self.session.results_sent,
+            )
+
+    def end(self, reason: str, message: dict | None = None) -> None:
+        """End the connection (the first reason wins); `message` is sent before closing."""
+        if self.end_reason is None:
+            self.end_reason, self._end_message = reason, message
+            if self.protocol.policy(reason) is not None:
+                self.ctx.metrics.error(reason)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def send(self, message: dict) -> None:
+        await self.channel.send(wire.dumps(message))
+
+    def rearm_idle(self) -> None:
+        """(Re)start the idle clock: idle time counts unless the client is waiting on us."""
+        counts = not self.segments.waiting_on_server
+        self._idle_scope.deadline = trio.current_time() + self.ctx.config.idle_timeout if counts else math.inf
+
+    @contextlib.contextmanager
+    def _ends_on_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except ChannelClosed:
+            self.end("vanished")
+        except SlowConsumer:
+            self.end("slow_consumer")
+        except ProtocolError as exc:
+            self.end(exc.code, self.session.error_message(exc.code, exc.message))
+
+    # -- reading -------------------------------------------------------------------------
+    async def _read_loop(self, first: str | None) -> None:
+        with self._reader_scope, self._ends_on_errors():
+            await self.session.open()
+            if first is not None:
+                await self._batch(first)
+            while True:
+                try:
+                    frame = await self._receive()
+                except ChannelClosed:
+                    # a TCP client may shut down its sending side after its final and still read
+                    if self.channel.door == "tcp" and self.segments.draining:
+                        return
+                    raise
+                await self._batch(frame)
+
+    async def _batch(self, frame: str | bytes | None) -> None:
+        """Handle `frame` and the messages already buffered behind it (at most
+        MAX_BATCH_MESSAGES), then hand the audio to the engine once and spend the rate budget."""
+        session, split = self.session, self.protocol.split
+        handled = units = 0
+        while frame is not None:
+            units += max(1, -(-len(frame) // MESSAGE_UNIT_BYTES))
+            for message in split(frame) if split else (frame,):
+                try:
+                    await session.on_message(message)
+                except ProtocolError as exc:
+                    if self.protocol.policy(exc.code).closes:
+                        raise
+                    self.ctx.metrics.error(exc.code)
+                    await self.send(session.error_message(exc.code, exc.message))
+                handled += 1
+            frame = self.channel.receive_buffered() if handled < MAX_BATCH_MESSAGES else None
+        self.segments.flush()
+        await self._rate.spend(max(units, handled))
+        if handled >= MAX_BATCH_MESSAGES:  # more may be buffered: let other connections run first
+            await trio.lowlevel.checkpoint()
+
+    async def _receive(self) -> str | bytes:
+        with trio.CancelScope() as self._idle_scope:
+            self.rearm_idle()
+            return await self.channel.receive()
+        raise ProtocolError("idle_timeout", f"no message for {self.ctx.config.idle_timeout:g} s")
+
+    # -- writing and ending --------------------------------------------------------------
+    async def _write_loop(self) -> None:
+        with self._ends_on_errors():
+            while True:
+                await self.segments.changed.wait()
+                await self.session.deliver()
+
+    async def _close(self) -> None:
+        reason = self.end_reason or "vanished"
+        if reason in SILENT_ENDS:
+            await self.channel.abort()
+            return
+        try:
+            if self._end_message is not None:
+                with trio.fail_after(1):
+                    await self.send(self._end_message)
+        except (ChannelClosed, SlowConsumer, trio.TooSlowError):
+            await self.channel.abort()
+            return
+        await self.channel.close(reason, self.protocol.close_code(reason))
+
+    async def _watch_shutdown(self) -> None:
+        # Draining: a connection without an active segment (queued, or between utterances) is told
+        # to reconnect at once; an active one goes on until it ends or the drain timeout passes,
+        # then its input is made final. Either way the connection ends with `server_shutdown`.
+        ctx, segments = self.ctx, self.segments
+        await ctx.shutdown.wait()
+        if segments.active:
+            segments.end_after = segments.end_after or "server_shutdown"
+            await ctx.drain_expired.wait()
+        self._reader_scope.cancel()
+        if segments.active:
+            segments.finalize()
+        else:
+            self.end("server_shutdown", self.session.last_message("server_shutdown"))

@@ -1,0 +1,85 @@
+"""Words with times, made from a segment's results; called by the protocols that send words
+(native, Deepgram), and by nobody else.
+
+A token whose piece starts with '\u2581' starts a word. A word is complete when the next one
+starts, at an end of utterance (<EOU>), or when the caller closes it (at the final result). It
+runs from its first token's frame to the end of its last token's frame, cut at the next word's
+start and at a limit: the audio known so far.
+"""
+from __future__ import annotations
+
+import functools
+from operator import itemgetter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..engine import EngineInfo, StreamResult
+    from ..model.tokenizer import Tokenizer
+
+WORD_START = "\u2581"  # sentencepiece's word-boundary mark
+
+TimedToken = tuple[int, float]  # (token id, seconds of its frame)
+
+
+class Pieces:
+    """What the word rules need to know of each token id, read once per tokenizer."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        ids = range(tokenizer.vocab_size)
+        self.text = frozenset(ids) - tokenizer.special_ids  # not <EOU>, <EOB>, ..., nor the blank
+        self.word_starts = frozenset(i for i in ids if tokenizer.piece(i).startswith(WORD_START))
+        self.eou_id = tokenizer.eou_id
+        self.decode = tokenizer.decode
+
+
+@functools.lru_cache(maxsize=8)
+def pieces(tokenizer: Tokenizer) -> Pieces:
+    return Pieces(tokenizer)
+
+
+def first_text_time(tokenizer: Tokenizer, result: StreamResult) -> float | None:
+    """Stream seconds of the result's first text token, None if it has none."""
+    text = pieces(tokenizer).text
+    return next((seconds for token, seconds in zip(result.token_ids, result.token_times) if token in text), None)
+
+
+class WordTracker:
+    """Completes words across the results of a connection's segments, on the caller's clock
+    (each segment's token times shifted by its offset)."""
+
+    def __init__(self, info: EngineInfo) -> None:
+        self._pieces = pieces(info.tokenizer)
+        self._frame = info.frame_seconds  # one encoder frame: a token's span
+        self._open: list[TimedToken] = []  # the word not complete yet
+
+    def update(self, result: StreamResult, limit: float, close: bool = False, offset: float = 0.0) -> list[dict]:
+        """The words `result` completes, as {word, start, end}; `close`: complete the last one too."""
+        pieces, tokens, closed = self._pieces, self._open, False
+        for token, seconds in zip(result.token_ids, result.token_times):
+            if token == pieces.eou_id:
+                closed = True
+            elif token in pieces.text:
+                tokens.append((token, seconds + offset))
+                closed = False
+        groups: list[list[TimedToken]] = []
+        for token, seconds in tokens:
+            if not groups or token in pieces.word_starts:
+                groups.append([])
+            groups[-1].append((token, seconds))
+        self._open = [] if closed or close or not groups else groups.pop()
+        return self._timed(groups, self._open[0][1] if self._open else limit)
+
+    def open_word(self, limit: float) -> list[dict]:
+        """The word not complete yet (none or one), cut at `limit`."""
+        return self._timed([self._open], limit) if self._open else []
+
+    def _timed(self, groups: list[list[TimedToken]], limit: float) -> list[dict]:
+        """{word, start, end} per group: `limit` also stands for the start of the word after the last."""
+        words = []
+        for i, group in enumerate(groups):
+            start = min(group[0][1], limit)
+            cut = groups[i + 1][0][1] if i + 1 < len(groups) else limit
+            end = max(start, min(group[-1][1] + self._frame, cut, limit))
+            if word := self._pieces.decode(list(map(itemgetter(0), group))).strip():
+                words.append({"word": word, "start": round(start, 3), "end": round(end, 3)})
+        return words
