@@ -314,3 +314,29 @@ class BareWebSocket:
 
     async def drop(self) -> None:
         await trio.aclose_forcefully(self.stream)
+
+
+class PoisonedEngine:
+    """The real engine, except that the next stream created fails like a crashed model thread."""
+
+    def __init__(self, engine: ASREngine) -> None:
+        self._engine = engine
+        self.poisoned: set[int] = set()
+        self.poison_next = False
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def create_stream(self, lookahead=None) -> int:
+        sid = self._engine.create_stream(lookahead)
+        if self.poison_next:
+            self.poisoned.add(sid)
+            self.poison_next = False
+        return sid
+
+    def collect(self, sid: int) -> list[StreamResult]:
+        results = self._engine.collect(sid)
+        if sid in self.poisoned and results:
+            self._engine.cancel(sid)
+            return [StreamResult(sid, [], "", is_final=True, error="inference_error")]
+        return results

@@ -14,6 +14,7 @@ import soxr
 import trio
 from test_deepgram import g711_table_encode
 from helpers import (
+    PoisonedEngine,
     Raw,
     hold_every_slot,
     pcm16_exact,
@@ -385,7 +386,6 @@ async def test_example_client(engine, sentence, tmp_path):
 
 
 async def test_inference_error_is_a_server_error_event(engine, sentence):
-    from test_server_bad_input import PoisonedEngine
     from websockets.exceptions import ConnectionClosedError
 
     poisoned = PoisonedEngine(engine)

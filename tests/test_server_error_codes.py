@@ -10,6 +10,7 @@ import pytest
 import trio
 from helpers import (
     BareWebSocket,
+    PoisonedEngine,
     Raw,
     audio_messages,
     result_tokens,
@@ -18,7 +19,7 @@ from helpers import (
     url,
 )
 
-from parakeet_stream.engine import ASREngine, StreamResult
+from parakeet_stream.engine import ASREngine
 
 MAX_MESSAGE = 65536
 F32_NAN = base64.b64encode(np.array([0.0, np.nan], "<f4").tobytes()).decode()
@@ -161,32 +162,6 @@ async def test_bad_inputs_documented_codes_while_a_good_stream_is_unaffected(eng
         assert result_tokens(good["results"]) == solo_tokens
         await trio.sleep(0.2)
         assert ctx.engine.stats()["active"] == ctx.engine.stats()["queued"] == 0
-
-
-class PoisonedEngine:
-    """The real engine, except that the next stream created fails like a crashed model thread."""
-
-    def __init__(self, engine: ASREngine) -> None:
-        self._engine = engine
-        self.poisoned: set[int] = set()
-        self.poison_next = False
-
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
-
-    def create_stream(self, lookahead=None) -> int:
-        sid = self._engine.create_stream(lookahead)
-        if self.poison_next:
-            self.poisoned.add(sid)
-            self.poison_next = False
-        return sid
-
-    def collect(self, sid: int) -> list[StreamResult]:
-        results = self._engine.collect(sid)
-        if sid in self.poisoned and results:
-            self._engine.cancel(sid)
-            return [StreamResult(sid, [], "", is_final=True, error="inference_error")]
-        return results
 
 
 @pytest.mark.parametrize("path", ["/", "/v1/realtime"])
