@@ -50,7 +50,8 @@ class Transcript:
 
 
 def transcribe_streaming(engine: ASREngine, audios: dict[str, np.ndarray], lookahead=None) -> dict[str, Transcript]:
-    """Feed every file as its own stream, as many at once as the engine has slots."""
+    """Feed every file as its own stream, as many at once as the engine has slots (in a Trio
+    loop of its own: from async code, call it in a worker thread)."""
     openers = {name: partial(ArrayReader, audio) for name, audio in audios.items()}
     found = trio.run(transcribe_files, engine, openers, lookahead)
     return {name: as_transcript(name, t) for name, t in found.items()}
