@@ -27,7 +27,7 @@ JSON = "application/json"
 Response = tuple[int, bytes, str]
 # a hostname or IPv4 address as a CSP host-source can name it (IPv6 literals cannot be named)
 _CSP_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})")
-UPLOADS = {openai_files.PATH: openai_files.handle, deepgram_files.PATH: deepgram_files.handle}
+UPLOADS = {api.PATH: api for api in (openai_files, deepgram_files)}  # each: handle(), refuse()
 
 
 async def handle_http(ctx: ServerContext, stream: trio.SocketStream) -> None:
@@ -105,7 +105,7 @@ async def _respond(
 
 
 def upload_api(request: h11.Request):
-    """The upload API's handler a POST names, or None."""
+    """The upload API module a POST names, or None."""
     if request.method != b"POST":
         return None
     try:

@@ -7,13 +7,17 @@ the answer, so that the client reads the answer rather than a connection reset.
 """
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from types import ModuleType
 from urllib.parse import parse_qsl, urlsplit
 
 import h11
 import trio
 
 from ..context import ServerContext
+
+log = logging.getLogger(__name__)
 
 RECEIVE_BYTES = 65536
 WRITE_BATCH_BYTES = 256 * 1024  # bytes gathered before one worker-thread write
@@ -33,20 +37,14 @@ class Exchange:
         self.ctx = ctx
         self._conn = conn
         self._stream = stream
-        target = urlsplit(request.target.decode("latin-1"))
-        self.path = target.path
-        self.query = dict(parse_qsl(target.query))
+        self.query = dict(parse_qsl(urlsplit(request.target.decode("latin-1")).query))
         self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
         self.responded = False
 
-    def declared_length(self) -> int | None:
-        """Content-Length (h11 has checked that it is a number), None for a chunked body."""
-        value = self.headers.get("content-length")
-        return None if value is None else int(value)
-
     def check_length(self, limit: int) -> None:
-        length = self.declared_length()
-        if length is not None and length > limit:
+        """413 from the head alone when Content-Length (a number: h11 checked) passes `limit`."""
+        length = self.headers.get("content-length")
+        if length is not None and int(length) > limit:
             raise _too_large(limit)
 
     async def read_body(self, write: Callable[[bytes], None], limit: int) -> int:
@@ -91,7 +89,8 @@ class Exchange:
 
     async def while_connected(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work` (after the body was read); should the client close its connection
-        meanwhile, cancel it (its engine stream is freed) and raise BrokenResourceError."""
+        meanwhile, cancel it (its engine stream is freed) and raise BrokenResourceError. (A client
+        that only shuts down its sending side looks the same: HTTP clients do not do that.)"""
         gone = False
         error: Exception | None = None  # work's own, re-raised as itself (not in an ExceptionGroup)
         async with trio.open_nursery() as nursery:
@@ -120,7 +119,7 @@ class Exchange:
         if gone:
             raise trio.BrokenResourceError("the client closed its connection")
 
-    async def respond(self, status: int, body: bytes, content_type: str, headers: list[tuple[str, str]] = ()) -> None:
+    async def respond(self, status: int, body: bytes, content_type: str, headers: Sequence[tuple[str, str]] = ()) -> None:
         self.responded = True
         head = self._head(status, content_type, [("content-length", str(len(body))), *headers])
         await self._send(head + self._conn.send(h11.Data(data=body)) + self._conn.send(h11.EndOfMessage()))
@@ -149,7 +148,7 @@ class Exchange:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
-    def _head(self, status: int, content_type: str, headers: list[tuple[str, str]]) -> bytes:
+    def _head(self, status: int, content_type: str, headers: Sequence[tuple[str, str]]) -> bytes:
         if content_type.startswith("text/") and "charset" not in content_type:
             content_type += "; charset=utf-8"
         fixed = [("content-type", content_type), ("connection", "close"), ("cache-control", "no-store"),
@@ -169,13 +168,18 @@ def _too_large(limit: int) -> UploadError:
 
 
 async def serve_upload(
-    handle: Callable[[ServerContext, Exchange], Awaitable[None]],
-    ctx: ServerContext,
-    conn: h11.Connection,
-    stream: trio.SocketStream,
-    request: h11.Request,
+    api: ModuleType, ctx: ServerContext, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request
 ) -> None:
-    """Answer one upload with its API's `handle`, then drain what the client still sends."""
+    """Answer one upload with its API module's `handle`; a refusal in its shape (`refuse`), a bug
+    as a 500 in that shape too; then drain what the client still sends."""
     exchange = Exchange(ctx, conn, stream, request)
-    await handle(ctx, exchange)
+    try:
+        await api.handle(ctx, exchange)
+    except UploadError as exc:
+        ctx.metrics.error(exc.code)
+        await api.refuse(exchange, exc)
+    except Exception:
+        log.exception("upload handler failed")
+        ctx.metrics.error("internal_error")
+        await api.refuse(exchange, UploadError(500, "internal_error", "internal server error"))
     await exchange.finish()

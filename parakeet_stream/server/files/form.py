@@ -3,6 +3,8 @@ streaming parser: the file part goes to the spool, the other fields (small) are 
 `write` and `close` run in a worker thread."""
 from __future__ import annotations
 
+import logging
+
 from python_multipart.exceptions import FormParserError, MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
@@ -10,6 +12,9 @@ from .exchange import UploadError
 from .spool import Spool
 
 MAX_FIELD_BYTES = 64 * 1024  # every field but the file, together
+
+# python-multipart logs each malformed body as a warning: a client's mistake, answered with a 400
+logging.getLogger("python_multipart").setLevel(logging.ERROR)
 
 
 class FormSink:

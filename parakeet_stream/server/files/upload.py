@@ -81,8 +81,8 @@ async def transcribe(
         if on_text is not None and delta:
             await on_text(delta)
 
+    ctx.metrics.streams.labels(protocol).inc()
     try:
-        ctx.metrics.streams.labels(protocol).inc()
         samples = await feed_file(engine, read, on_result, backlog_samples(ctx.config))
     except QueueFull:
         raise UploadError(503, "queue_full", "every slot is busy and the waiting queue is full: retry later") from None

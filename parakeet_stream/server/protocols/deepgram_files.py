@@ -44,26 +44,29 @@ class Options:
 
 
 async def handle(ctx: ServerContext, exchange: Exchange) -> None:
-    request_id = str(uuid.uuid4())
-    try:
-        with upload_slot(ctx, PROTOCOL):
-            key, _ = deepgram.credentials(exchange.headers, [])
-            check_key(ctx, key or exchange.query.get("api_key"))
-            options = parse_options(exchange.query)
-            if exchange.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
-                raise UploadError(400, "url_not_supported", "this server fetches nothing: send the audio itself as "
-                                  "the request body (Content-Type: audio/* or application/octet-stream)")
-            with Spool() as spool:
-                await exchange.read_body(spool.write, ctx.config.max_upload_bytes)
-                reader = await open_audio(ctx, spool, options.encoding, options.sample_rate)
-                try:
-                    await exchange.while_connected(partial(_answer, ctx, exchange, reader, options, spool, request_id))
-                finally:
-                    reader.close()
-    except UploadError as exc:
-        ctx.metrics.error(exc.code)
-        body = {"err_code": ERR_CODES.get(exc.code, exc.code.upper()), "err_msg": exc.message, "request_id": request_id}
-        await exchange.respond(exc.status, wire.dumps(body), JSON, [("retry-after", "1")] if exc.status in (429, 503) else [])
+    """Answer the upload; refusals are raised (UploadError) and answered by `refuse`."""
+    with upload_slot(ctx, PROTOCOL):
+        key, _ = deepgram.credentials(exchange.headers, [])
+        check_key(ctx, key or exchange.query.get("api_key"))
+        options = parse_options(exchange.query)
+        if exchange.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
+            raise UploadError(400, "url_not_supported", "this server fetches nothing: send the audio itself as "
+                              "the request body (Content-Type: audio/* or application/octet-stream)")
+        with Spool() as spool:
+            await exchange.read_body(spool.write, ctx.config.max_upload_bytes)
+            reader = await open_audio(ctx, spool, options.encoding, options.sample_rate)
+            try:
+                await exchange.while_connected(partial(_answer, ctx, exchange, reader, options, spool))
+            finally:
+                reader.close()
+
+
+async def refuse(exchange: Exchange, exc: UploadError) -> None:
+    """The error in Deepgram's shape (unless the answer already went out: then nothing can be said)."""
+    if exchange.responded:
+        return
+    body = {"err_code": ERR_CODES.get(exc.code, exc.code.upper()), "err_msg": exc.message, "request_id": str(uuid.uuid4())}
+    await exchange.respond(exc.status, wire.dumps(body), JSON, [("retry-after", "1")] if exc.status in (429, 503) else [])
 
 
 def parse_options(query: dict[str, str]) -> Options:
@@ -100,9 +103,10 @@ def _invalid(message: str) -> UploadError:
     return UploadError(400, "invalid_config", message)
 
 
-async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Options, spool: Spool, request_id: str) -> None:
+async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Options, spool: Spool) -> None:
     transcript = await transcribe(ctx, reader, PROTOCOL)
-    await exchange.respond(200, wire.dumps(response(ctx, transcript, options, spool.sha256, request_id)), JSON)
+    body = response(ctx, transcript, options, spool.sha256, str(uuid.uuid4()))
+    await exchange.respond(200, wire.dumps(body), JSON)
 
 
 def response(ctx: ServerContext, transcript: FileTranscript, options: Options, sha256: str, request_id: str) -> dict:

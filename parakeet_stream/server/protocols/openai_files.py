@@ -51,23 +51,21 @@ class Options:
 
 
 async def handle(ctx: ServerContext, exchange: Exchange) -> None:
-    try:
-        with upload_slot(ctx, PROTOCOL):
-            check_key(ctx, bearer_token(exchange.headers) or exchange.query.get("api_key"))
-            with Spool() as spool:
-                form = FormSink(exchange.headers.get("content-type", ""), spool)
-                await exchange.read_body(form.write, ctx.config.max_upload_bytes)
-                await trio.to_thread.run_sync(form.close)
-                options = parse_options(form.fields)
-                reader = await open_audio(ctx, spool)
-                work = partial(_stream, ctx, exchange, reader) if options.stream else partial(
-                    _answer, ctx, exchange, reader, options)
-                try:
-                    await exchange.while_connected(work)
-                finally:
-                    reader.close()
-    except UploadError as exc:
-        await refuse(ctx, exchange, exc)
+    """Answer the upload; refusals are raised (UploadError) and answered by `refuse`."""
+    with upload_slot(ctx, PROTOCOL):
+        check_key(ctx, bearer_token(exchange.headers) or exchange.query.get("api_key"))
+        with Spool() as spool:
+            form = FormSink(exchange.headers.get("content-type", ""), spool)
+            await exchange.read_body(form.write, ctx.config.max_upload_bytes)
+            await trio.to_thread.run_sync(form.close)
+            options = parse_options(form.fields)
+            reader = await open_audio(ctx, spool)
+            work = partial(_stream, ctx, exchange, reader) if options.stream else partial(
+                _answer, ctx, exchange, reader, options)
+            try:
+                await exchange.while_connected(work)
+            finally:
+                reader.close()
 
 
 def parse_options(fields: dict[str, list[str]]) -> Options:
@@ -150,9 +148,8 @@ def _segment(i: int, utterance) -> dict:
     }
 
 
-async def refuse(ctx: ServerContext, exchange: Exchange, exc: UploadError) -> None:
+async def refuse(exchange: Exchange, exc: UploadError) -> None:
     """The error in OpenAI's shape: as the answer, or as the last event of a started stream."""
-    ctx.metrics.error(exc.code)
     kind = "requests" if exc.status == 429 else "server_error" if exc.status >= 500 else "invalid_request_error"
     body = wire.dumps({"error": {"message": exc.message, "type": kind, "param": exc.param, "code": exc.code}})
     if exchange.responded:
