@@ -16,6 +16,7 @@ from test_server_support import (  # noqa: F401 - fixtures are used by name
     PACKET,
     Raw,
     engine,
+    hold_every_slot,
     running_server,
     sentence,
     url,
@@ -90,6 +91,17 @@ async def test_sdk_stream_sends_deltas_then_done(engine, sentence):
     deltas = [e for e in events if e.type == "transcript.text.delta"]
     assert len(deltas) > 1 and events[-1].type == "transcript.text.done"
     assert "".join(e.delta for e in deltas).strip() == events[-1].text == native
+
+
+async def test_a_file_longer_than_the_backlog_budget_is_fed_in_turns(engine, sentence):
+    """A 2 s budget and 10.5 s of audio: the feeder waits for the engine again and again, and the
+    text is still the streaming path's."""
+    audio = np.tile(sentence, 3)
+    async with running_server(engine, max_backlog_seconds=2.0) as ctx:
+        native = await native_text(ctx, audio)
+        verbose = await create(ctx, audio_file(audio), response_format="verbose_json", timestamp_granularities=["word"])
+    assert verbose.text == native and verbose.duration == pytest.approx(len(audio) / 16000, abs=0.01)
+    assert verbose.words[-1].end > 7.0
 
 
 async def test_srt_and_vtt_load_in_subtitle_parsers_and_cover_the_words(engine, sentence):
@@ -272,6 +284,41 @@ async def test_uploads_beyond_the_limit_get_429_and_the_server_keeps_serving(eng
         assert openai_error(answer, 429, "too_many_uploads")["type"] == "requests"
         assert answer.headers["retry-after"] == "1"
     assert after.text
+
+
+async def test_a_full_engine_queue_gets_503_and_a_queued_upload_waits_its_turn(engine, sentence):
+    """Every slot busy and every queue place taken: 503 queue_full. With a queue place free, the
+    upload waits in the queue (pushing nothing) and is transcribed once a slot frees."""
+    wav = audio_file(sentence)
+    async with running_server(engine) as ctx, trio.open_nursery() as nursery:
+        native = await native_text(ctx, sentence)
+        release = trio.Event()
+        await nursery.start(hold_every_slot, ctx, release)
+        async with trio.open_nursery() as queue:
+            for _ in range(engine.stats()["max_queue"]):
+                await queue.start(_hold_open, url(ctx, "tcp"))
+            await wait_until(lambda: engine.stats()["queued"] == engine.stats()["max_queue"])
+            full = await post(ctx.config.ports["http"], PATH, multipart({}, wav), FORM)
+            queue.cancel_scope.cancel()
+        await wait_until(lambda: engine.stats()["queued"] == 0)
+        box = {}
+
+        async def upload() -> None:
+            box["result"] = await create(ctx, wav)
+
+        nursery.start_soon(upload)
+        await wait_until(lambda: engine.stats()["queued"] == 1)
+        await trio.sleep(0.2)
+        assert "result" not in box
+        release.set()
+    assert openai_error(full, 503, "queue_full")["type"] == "server_error" and full.headers["retry-after"] == "1"
+    assert box["result"].text == native
+
+
+async def _hold_open(address: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async with Raw.open(address):
+        task_status.started()
+        await trio.sleep_forever()
 
 
 async def test_health_stays_fast_while_a_large_upload_is_received_and_parsed(engine):
