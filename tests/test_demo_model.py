@@ -185,7 +185,6 @@ def test_streaming_equals_offline_forward(engine, transcripts):
 async def test_server_transports_give_parakeet_transcribe_text(engine, sentences, kind, tmp_path):
     """The same audio through the server (TCP, WebSocket, /v1/realtime) gives parakeet-transcribe's text."""
     import soundfile as sf
-    import trio
     from test_server_support import (
         Raw,
         pcm16_b64,
@@ -201,7 +200,7 @@ async def test_server_transports_give_parakeet_transcribe_text(engine, sentences
     audio = pcm16_exact(synth(sentences["seen_voices"][0], seed=0))
     wav = tmp_path / "s.wav"
     sf.write(wav, audio, RATE, subtype="PCM_16")
-    expected = (await trio.to_thread.run_sync(transcribe_streaming, engine, {"s": read_audio(wav)}))["s"].text
+    expected = transcribe_streaming(engine, {"s": read_audio(wav)})["s"].text
     assert expected
     async with running_server(engine) as ctx:
         if kind == "realtime":

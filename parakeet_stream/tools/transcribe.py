@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +28,7 @@ from ..model.errors import ModelNotFound
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
 from ..model.precision import set_precision
-from ..server.files.batch import ArrayReader, transcribe_files
-from ..server.files.decode import AudioReader
+from ..server.files.batch import ArraySource, FileSource, transcribe_files
 from ..server.files.transcript import FileTranscript
 
 FORMATS = ("txt", "json", "srt", "vtt")
@@ -50,11 +49,20 @@ class Transcript:
 
 
 def transcribe_streaming(engine: ASREngine, audios: dict[str, np.ndarray], lookahead=None) -> dict[str, Transcript]:
-    """Feed every file as its own stream, as many at once as the engine has slots (in a Trio
-    loop of its own: from async code, call it in a worker thread)."""
-    openers = {name: partial(ArrayReader, audio) for name, audio in audios.items()}
-    found = trio.run(transcribe_files, engine, openers, lookahead)
-    return {name: as_transcript(name, t) for name, t in found.items()}
+    """Feed every file as its own stream, as many at once as the engine has slots."""
+    sources = {name: ArraySource(audio) for name, audio in audios.items()}
+    return {name: as_transcript(name, t) for name, t in _run(transcribe_files, engine, sources, lookahead).items()}
+
+
+def _run(fn, *args):
+    """trio.run; from inside a running Trio loop (a blocking call made from async code, as the
+    old synchronous transcribe_streaming allowed), in a thread of its own."""
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return trio.run(fn, *args)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(trio.run, fn, *args).result()
 
 
 def as_transcript(name: str, t: FileTranscript) -> Transcript:
@@ -154,17 +162,17 @@ def output_problem(args: argparse.Namespace) -> str | None:
 def _transcribe_paths(args, model, lookahead) -> dict[str, Transcript]:
     """The streaming path: files decoded block by block. With --out each file is written as soon
     as it is done; printed output comes in the order of the command line, at the end."""
-    results, openers = {}, {}
+    results, sources = {}, {}
     for f in args.files:
         try:
-            openers[f] = partial(AudioReader, str(check_file(f)))
+            sources[f] = FileSource(str(check_file(f)))
         except AudioError as exc:
             results[f] = Transcript(f, error=str(exc))
     details: dict[str, FileTranscript] = {}
-    if openers:
+    if sources:
         options = engine_options(args) | {"dtype": model.encoder_dtype, "quantize": None, "lookahead": lookahead}  # already applied
-        with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(openers), **options) \
-                as engine, tqdm(total=len(openers), unit="file", disable=len(args.files) < 2) as bar:
+        with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(sources), **options) \
+                as engine, tqdm(total=len(sources), unit="file", disable=len(args.files) < 2) as bar:
 
             def done(name: str, transcript: FileTranscript) -> None:
                 results[name] = as_transcript(name, transcript)
@@ -172,7 +180,7 @@ def _transcribe_paths(args, model, lookahead) -> dict[str, Transcript]:
                     emit(results[name], transcript, args)
                 bar.update()
 
-            details = trio.run(transcribe_files, engine, openers, lookahead, done)
+            details = trio.run(transcribe_files, engine, sources, lookahead, done)
     for f in args.files:
         if args.out is None or f not in details:
             emit(results[f], details.get(f), args)

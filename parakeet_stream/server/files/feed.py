@@ -2,8 +2,8 @@
 
 A file's audio is all there at once. It goes to its engine stream as fast as the stream's
 backlog budget allows: once admitted (nothing is pushed while the stream waits in the queue),
-blocks are decoded in a worker thread and pushed whenever a block's worth of the budget is free;
-the results the engine returns tell how much of the backlog it has consumed. A policy that
+a block is read (decoded in a worker thread, `in_worker_thread`) and pushed whenever a block's
+worth of the budget is free; the results the engine returns tell how much it has consumed. A policy that
 weighs bulk work against live streams' deadlines would decide here how much to push and when.
 """
 from __future__ import annotations
@@ -18,7 +18,16 @@ from ..stream import Wakeup
 
 BLOCK_SECONDS = 5.0  # audio decoded and pushed at a time (at most half the budget)
 
-Reader = Callable[[int], np.ndarray]  # up to n samples at the engine's rate; empty at the end
+Reader = Callable[[int], Awaitable[np.ndarray]]  # up to n samples at the engine's rate; empty at the end
+
+
+def in_worker_thread(read: Callable[[int], np.ndarray]) -> Reader:
+    """A reader that blocks (a decoder) as one that runs in a worker thread, off the Trio loop."""
+
+    async def run(n: int) -> np.ndarray:
+        return await trio.to_thread.run_sync(read, n)
+
+    return run
 
 
 async def feed_file(
@@ -29,9 +38,8 @@ async def feed_file(
     lookahead: tuple[int, int] | None = None,
 ) -> int:
     """Transcribe the audio `read` yields as one engine stream; `on_result` gets every result in
-    order, the final one last. Returns the samples pushed. `read` runs in a worker thread and
-    its exceptions propagate; QueueFull when the engine has no place. The stream is cancelled
-    if this is interrupted."""
+    order, the final one last. Returns the samples pushed. `read`'s exceptions propagate, and
+    QueueFull when the engine has no place. The stream is cancelled if this is interrupted."""
     wakeup = Wakeup()
     sid = engine.create_stream(lookahead)
     block = max(1, min(int(BLOCK_SECONDS * engine.sample_rate), budget_samples // 2))
@@ -47,7 +55,7 @@ async def feed_file(
             if finished:
                 break
             if not ended and budget_samples - (pushed - consumed) >= block and engine.queue_position(sid) == 0:
-                n = await trio.to_thread.run_sync(_push, engine, sid, read, block)
+                n = _push(engine, sid, await read(block))
                 pushed += n
                 ended = n == 0
                 if ended:
@@ -60,9 +68,8 @@ async def feed_file(
             engine.cancel(sid)
 
 
-def _push(engine: ASREngine, sid: int, read: Reader, n: int) -> int:
-    """Decode and push up to `n` samples (0: the audio has ended or the stream is over)."""
-    samples = read(n)
+def _push(engine: ASREngine, sid: int, samples: np.ndarray) -> int:
+    """Samples pushed (0: the audio has ended, or the stream is over)."""
     if len(samples) == 0:
         return 0
     try:

@@ -19,7 +19,7 @@ from ..context import ServerContext
 from ..guard import backlog_samples, key_ok
 from .decode import AudioReader
 from .exchange import UploadError
-from .feed import Reader, feed_file
+from .feed import feed_file, in_worker_thread
 from .spool import Spool
 from .transcript import FileTranscript, TranscriptBuilder
 
@@ -74,7 +74,7 @@ async def transcribe(
     engine = ctx.engine
     builder = TranscriptBuilder(engine.info)
     cap = int(ctx.config.max_upload_seconds * engine.sample_rate)  # a header may understate the length
-    read = _capped(reader.read, cap)
+    read = in_worker_thread(_capped(reader.read, cap))
 
     async def on_result(result) -> None:
         delta = builder.add(result)
@@ -94,7 +94,7 @@ async def transcribe(
     return transcript
 
 
-def _capped(read: Reader, cap: int) -> Reader:
+def _capped(read: Callable[[int], np.ndarray], cap: int) -> Callable[[int], np.ndarray]:
     """`read`, ending after `cap` samples."""
     taken = 0
 
