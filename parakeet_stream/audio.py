@@ -62,13 +62,19 @@ def resample(samples: np.ndarray, from_rate: int, to_rate: int = SAMPLE_RATE) ->
     return soxr.resample(samples, from_rate, to_rate, quality=QUALITY)
 
 
-def read_audio(path: str | Path) -> np.ndarray:
-    """Read an audio file as float32 mono at 16 kHz (channels are averaged)."""
+def check_file(path: str | Path) -> Path:
+    """`path` as a Path when it names a file; else AudioError saying what it names."""
     path = Path(path)
     if path.is_dir():
         raise AudioError(f"cannot read audio file {path}: it is a directory (pass the files in it, e.g. {path}/*.wav)")
     if not path.is_file():
         raise AudioError(f"cannot read audio file {path}: no such file")
+    return path
+
+
+def read_audio(path: str | Path) -> np.ndarray:
+    """Read an audio file as float32 mono at 16 kHz (channels are averaged)."""
+    path = check_file(path)
     try:
         data, rate = sf.read(path, dtype="float32", always_2d=True)
     except sf.LibsndfileError as exc:  # (its message repeats the path)

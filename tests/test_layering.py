@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "parakeet_stream"
 
 # lowest first: a layer may import its own and the lower ones only
 LAYERS = [
-    {"audio", "host", "client"},
+    {"audio", "host", "client", "subtitles"},
     {"model"},
     {"engine", "training"},
     {"server"},

@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--drain-timeout", type=float, default=30.0,
         help="Ctrl-C or SIGTERM: active streams may go on this long, then are finalized (a second one: at once)",
     )
+    p.add_argument("--max-upload-mb", type=float, default=100.0, help="largest HTTP upload (file transcription) in MB")
+    p.add_argument("--max-uploads", type=int, default=8, help="HTTP uploads transcribed at once (more: 429)")
+    p.add_argument("--max-upload-seconds", type=float, default=4 * 3600.0, help="longest audio in one HTTP upload")
+    p.add_argument("--upload-timeout", type=float, default=600.0, help="seconds for an HTTP upload's body to arrive")
     p.add_argument("--agent-port", type=int, default=None, help="HAProxy agent-check port (0: any free; default: none)")
     p.add_argument("--agent-weight-unit", type=int, default=1, help="agent weight: 1 point per this many free streams")
     p.add_argument("--api-key", default=None, help="require this key (Bearer header, ?api_key=, TCP first message)")
@@ -99,6 +103,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         agent_port=args.agent_port,
         agent_weight_unit=max(1, args.agent_weight_unit),
         model_name=args.model,
+        max_upload_bytes=int(args.max_upload_mb * 2**20),
+        max_uploads=max(1, args.max_uploads),
+        max_upload_seconds=args.max_upload_seconds,
+        upload_timeout=args.upload_timeout,
     )
 
 

@@ -31,6 +31,10 @@ class ServerConfig:
     agent_port: int | None = None  # HAProxy agent-check port (None: no agent)
     agent_weight_unit: int = 1  # streams of free capacity per agent weight point
     model_name: str = "demo"
+    max_upload_bytes: int = 100 * 2**20  # one HTTP upload (OpenAI's limit is 25 MB)
+    max_uploads: int = 8  # HTTP uploads transcribed at once; beyond: 429
+    max_upload_seconds: float = 4 * 3600.0  # audio in one upload
+    upload_timeout: float = 600.0  # for a whole upload body to arrive
     ports: dict[str, int] = field(default_factory=dict)  # actual ports once listening
 
 
@@ -57,6 +61,7 @@ class ServerContext:
     shutdown: trio.Event = field(default_factory=trio.Event)  # draining: accept nothing new
     drain_expired: trio.Event = field(default_factory=trio.Event)  # the drain timeout passed: finalize every segment
     open_sessions: int = 0
+    open_uploads: int = 0
 
     @classmethod
     def create(cls, engine: ASREngine, config: ServerConfig) -> ServerContext:

@@ -1,8 +1,10 @@
-"""Small HTTP/1.1 server on h11: /health, /ready, /metrics and static files."""
+"""Small HTTP/1.1 server on h11: /health, /ready, /metrics, static files, and the file
+transcription APIs (POST, protocols/*_files.py)."""
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import mimetypes
 import re
 from collections.abc import Sequence
@@ -17,6 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ..model.registry import REPO_WEIGHTS
 from . import wire
 from .context import ServerContext
+from .files.exchange import serve_upload
+from .protocols import deepgram_files, openai_files
 from .replica import replica_state
 
 log = logging.getLogger(__name__)
@@ -26,14 +30,18 @@ JSON = "application/json"
 Response = tuple[int, bytes, str]
 # a hostname or IPv4 address as a CSP host-source can name it (IPv6 literals cannot be named)
 _CSP_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})")
+UPLOADS = {api.PATH: api for api in (openai_files, deepgram_files)}  # each: handle(), refuse()
 
 
 async def handle_http(ctx: ServerContext, stream: trio.SocketStream) -> None:
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
     try:
-        with trio.move_on_after(ctx.config.handshake_timeout):
+        with trio.move_on_after(ctx.config.handshake_timeout) as scope:
             request = await _read_request(conn, stream)
-            if request is not None:
+            if request is not None and (upload := upload_api(request)):
+                scope.deadline = math.inf  # an upload keeps its own clocks (files/exchange.py)
+                await serve_upload(upload, ctx, conn, stream, request)
+            elif request is not None:
                 status, body, content_type = route(ctx, request.method, request.target)
                 headers = security_headers(ctx, _host(request.headers))
                 await _respond(conn, stream, status, body, content_type, headers)
@@ -97,6 +105,16 @@ async def _respond(
     data = conn.send(h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase))
     data += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
     await stream.send_all(data)
+
+
+def upload_api(request: h11.Request):
+    """The upload API module a POST names, or None."""
+    if request.method != b"POST":
+        return None
+    try:
+        return UPLOADS.get(urlsplit(request.target.decode("latin-1")).path.rstrip("/"))
+    except ValueError:
+        return None
 
 
 def route(ctx: ServerContext, method: bytes, target: bytes) -> Response:

@@ -1,5 +1,5 @@
 """Words with times, made from a segment's results; called by the protocols that send words
-(native, Deepgram), and by nobody else.
+(native, Deepgram) and by file transcripts (files/transcript.py).
 
 A token whose piece starts with '\u2581' starts a word. A word is complete when the next one
 starts, at an end of utterance (<EOU>), or when the caller closes it (at the final result). It
@@ -61,25 +61,37 @@ class WordTracker:
             elif token in pieces.text:
                 tokens.append((token, seconds + offset))
                 closed = False
-        groups: list[list[TimedToken]] = []
-        for token, seconds in tokens:
-            if not groups or token in pieces.word_starts:
-                groups.append([])
-            groups[-1].append((token, seconds))
+        groups = _group(pieces, tokens)
         self._open = [] if closed or close or not groups else groups.pop()
-        return self._timed(groups, self._open[0][1] if self._open else limit)
+        return _timed(pieces, self._frame, groups, self._open[0][1] if self._open else limit)
 
     def open_word(self, limit: float) -> list[dict]:
         """The word not complete yet (none or one), cut at `limit`."""
-        return self._timed([self._open], limit) if self._open else []
+        return _timed(self._pieces, self._frame, [self._open], limit) if self._open else []
 
-    def _timed(self, groups: list[list[TimedToken]], limit: float) -> list[dict]:
-        """{word, start, end} per group: `limit` also stands for the start of the word after the last."""
-        words = []
-        for i, group in enumerate(groups):
-            start = min(group[0][1], limit)
-            cut = groups[i + 1][0][1] if i + 1 < len(groups) else limit
-            end = max(start, min(group[-1][1] + self._frame, cut, limit))
-            if word := self._pieces.decode(list(map(itemgetter(0), group))).strip():
-                words.append({"word": word, "start": round(start, 3), "end": round(end, 3)})
-        return words
+
+def timed_words(info: EngineInfo, tokens: list[TimedToken], limit: float) -> list[dict]:
+    """The words of text tokens (e.g. one utterance's), all complete, the last one cut at `limit`."""
+    words = pieces(info.tokenizer)
+    return _timed(words, info.frame_seconds, _group(words, tokens), limit)
+
+
+def _group(pieces: Pieces, tokens: list[TimedToken]) -> list[list[TimedToken]]:
+    groups: list[list[TimedToken]] = []
+    for token, seconds in tokens:
+        if not groups or token in pieces.word_starts:
+            groups.append([])
+        groups[-1].append((token, seconds))
+    return groups
+
+
+def _timed(pieces: Pieces, frame: float, groups: list[list[TimedToken]], limit: float) -> list[dict]:
+    """{word, start, end} per group: `limit` also stands for the start of the word after the last."""
+    words = []
+    for i, group in enumerate(groups):
+        start = min(group[0][1], limit)
+        cut = groups[i + 1][0][1] if i + 1 < len(groups) else limit
+        end = max(start, min(group[-1][1] + frame, cut, limit))
+        if word := pieces.decode(list(map(itemgetter(0), group))).strip():
+            words.append({"word": word, "start": round(start, 3), "end": round(end, 3)})
+    return words

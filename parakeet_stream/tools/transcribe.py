@@ -1,8 +1,9 @@
 """`parakeet-transcribe`: transcribe audio files through the cache-aware streaming engine.
 
-Every file becomes a stream of the engine, fed in chunk-sized packets; many files are
-decoded together in the engine's batches. `--offline` runs the whole-utterance forward
-instead, for comparison.
+Every file becomes a stream of the engine, fed by the server's file path (server/files: decoded
+block by block, pushed as fast as the engine takes it); as many files as the engine has slots
+are decoded together in its batches. Output: text, JSON, or SRT / WebVTT subtitles, printed or
+written to `--out DIR`. `--offline` runs the whole-utterance forward instead, for comparison.
 """
 
 from __future__ import annotations
@@ -10,12 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
+import trio
+from tqdm import tqdm
 
-from ..audio import AudioError, read_audio
+from .. import subtitles
+from ..audio import AudioError, check_file, read_audio
 from ..engine import ASREngine
 from ..engine.options import add_engine_arguments, engine_options
 from ..host import single_threaded_host
@@ -24,6 +30,10 @@ from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
 from ..model.precision import set_precision
 from ..model.registry import HUB_ALIASES
+from ..server.files.batch import ArraySource, FileSource, transcribe_files
+from ..server.files.transcript import FileTranscript
+
+FORMATS = ("txt", "json", "srt", "vtt")
 
 
 @dataclass
@@ -34,6 +44,7 @@ class Transcript:
     token_times: list[float] = field(default_factory=list)
     utterances: list[str] = field(default_factory=list)
     error: str | None = None
+    words: list[dict] = field(default_factory=list)
 
     def as_json(self) -> str:
         fields = {k: v for k, v in self.__dict__.items() if v is not None}
@@ -42,39 +53,26 @@ class Transcript:
 
 
 def transcribe_streaming(engine: ASREngine, audios: dict[str, np.ndarray], lookahead=None) -> dict[str, Transcript]:
-    """Feed every file as its own stream, all at once; the engine queues what does not fit."""
-    packet = int(engine.chunk_seconds(lookahead) * engine.sample_rate)
-    out = {name: Transcript(name) for name in audios}
-    sids = {}
-    for name, audio in audios.items():
-        sid = engine.create_stream(lookahead)
-        for i in range(0, len(audio), packet):
-            engine.push_audio(sid, audio[i : i + packet])
-        engine.finalize(sid)
-        sids[name] = sid
-    for name, sid in sids.items():
-        _collect(engine, sid, out[name])
-    return out
+    """Feed every file as its own stream, as many at once as the engine has slots."""
+    sources = {name: ArraySource(audio) for name, audio in audios.items()}
+    return {name: as_transcript(name, t) for name, t in _run(transcribe_files, engine, sources, lookahead).items()}
 
 
-def _collect(engine: ASREngine, sid: int, t: Transcript) -> None:
-    utterance = ""
-    while True:
-        engine.wait_for_update(sid, timeout=1.0)
-        for r in engine.collect(sid):
-            if r.error:
-                t.error = f"{t.file}: the model failed on this file ({r.error})"
-            t.token_ids += r.token_ids
-            t.token_times += r.token_times
-            t.text += r.text
-            utterance += r.text
-            if r.utterance_end or r.is_final:
-                if utterance.strip():
-                    t.utterances.append(utterance.strip())
-                utterance = ""
-            if r.is_final:
-                t.text = t.text.strip()
-                return
+def _run(fn, *args):
+    """trio.run; from inside a running Trio loop (a blocking call made from async code, as the
+    old synchronous transcribe_streaming allowed), in a thread of its own."""
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return trio.run(fn, *args)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(trio.run, fn, *args).result()
+
+
+def as_transcript(name: str, t: FileTranscript) -> Transcript:
+    if t.error and not t.token_ids:
+        return Transcript(name, error=t.error)
+    return Transcript(name, t.token_ids, t.text, t.token_times, [u.text for u in t.utterances], t.error, t.words)
 
 
 def transcribe_offline(model: ParakeetModel, audios: dict[str, np.ndarray], lookahead=None) -> dict[str, Transcript]:
@@ -113,11 +111,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="torch device: cpu, cuda or cuda:N (default: cuda where available, else cpu)")
     ap.add_argument("--offline", action="store_true", help="whole-utterance forward instead of streaming")
-    ap.add_argument("--json", action="store_true", help="one JSON object per file per line")
+    ap.add_argument("--json", action="store_true", help="one JSON object per file per line (--format json)")
+    ap.add_argument("--format", choices=FORMATS, default=None,
+                    help="txt (default), json, srt or vtt (subtitles: a cue ends with its utterance or when its "
+                         "2 lines of --max-line-chars are full)")
+    ap.add_argument("--out", type=Path, default=None, metavar="DIR",
+                    help="write NAME.FORMAT in DIR for each file (default: print)")
+    ap.add_argument("--max-line-chars", type=int, default=subtitles.MAX_LINE_CHARS,
+                    help=f"subtitle line length (default {subtitles.MAX_LINE_CHARS})")
     ap.add_argument("--max-num-streams", type=int, default=32, help="files decoded together")
     add_engine_arguments(ap)
     args = ap.parse_args(argv)
     single_threaded_host()
+    args.format = args.format or ("json" if args.json else "txt")
+    if problem := output_problem(args):
+        print(f"parakeet-transcribe: error: {problem}", file=sys.stderr)
+        return 2
     try:
         model = set_precision(load_model(args.model, args.device), args.dtype, args.quantize)
         lookahead = model.encoder.check_lookahead(args.lookahead)
@@ -126,16 +135,88 @@ def main(argv: list[str] | None = None) -> int:
         hint = "; --model demo (the bundled demo model) needs no network" if offline else ""
         print(f"parakeet-transcribe: error: {exc}{hint}", file=sys.stderr)
         return 2
-    audios, results = load_audios(args.files)
-    if audios and args.offline:
-        results.update(transcribe_offline(model, audios, lookahead))
-    elif audios:
-        options = engine_options(args) | {"dtype": model.encoder_dtype, "quantize": None, "lookahead": lookahead}  # already applied
-        with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(audios), **options) as engine:
-            results.update(transcribe_streaming(engine, audios, lookahead))
-    for f in args.files:
-        _print(results[f], args.json)
+    if args.offline:
+        audios, results = load_audios(args.files)
+        if audios:
+            results.update(transcribe_offline(model, audios, lookahead))
+        for f in args.files:
+            emit(results[f], None, args)
+    else:
+        results = _transcribe_paths(args, model, lookahead)
     return 1 if any(r.error for r in results.values()) else 0
+
+
+def output_problem(args: argparse.Namespace) -> str | None:
+    """Why the output options cannot work together (and, with --out, the folder made)."""
+    subtitle = args.format in ("srt", "vtt")
+    if subtitle and args.offline:
+        return f"--format {args.format} needs word times, which --offline does not give"
+    if args.out is None:
+        return f"--format {args.format} prints one file: for several, give --out DIR" if (
+            subtitle and len(args.files) > 1) else None
+    names = [Path(f).stem for f in args.files]
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        return f"--out: several files would write {args.out / twice[0]}.{args.format}"
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--out {args.out}: {exc.strerror}"
+    return None
+
+
+def _transcribe_paths(args, model, lookahead) -> dict[str, Transcript]:
+    """The streaming path: files decoded block by block. With --out each file is written as soon
+    as it is done; printed output comes in the order of the command line, at the end."""
+    results, sources = {}, {}
+    for f in args.files:
+        try:
+            sources[f] = FileSource(str(check_file(f)))
+        except AudioError as exc:
+            results[f] = Transcript(f, error=str(exc))
+    details: dict[str, FileTranscript] = {}
+    if sources:
+        options = engine_options(args) | {"dtype": model.encoder_dtype, "quantize": None, "lookahead": lookahead}  # already applied
+        with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(sources), **options) \
+                as engine, tqdm(total=len(sources), unit="file", disable=len(args.files) < 2) as bar:
+
+            def done(name: str, transcript: FileTranscript) -> None:
+                results[name] = as_transcript(name, transcript)
+                if args.out is not None:
+                    emit(results[name], transcript, args)
+                bar.update()
+
+            details = trio.run(transcribe_files, engine, sources, lookahead, done)
+    for f in args.files:
+        if args.out is None or f not in details:
+            emit(results[f], details.get(f), args)
+    return results
+
+
+def emit(t: Transcript, detail: FileTranscript | None, args: argparse.Namespace) -> None:
+    """One file's output: printed (text and JSON as one line each), or written to --out."""
+    if args.out is None and args.format in ("txt", "json"):
+        _print(t, args.format == "json")
+    elif t.error:
+        print(f"{t.file}: error: {t.error}", file=sys.stderr)
+    elif args.out is None:
+        sys.stdout.write(render(t, detail, args.format, args.max_line_chars))
+    else:
+        path = args.out / f"{Path(t.file).stem}.{args.format}"
+        try:
+            path.write_text(render(t, detail, args.format, args.max_line_chars))
+        except OSError as exc:
+            t.error = f"cannot write {path}: {exc.strerror}"
+            print(f"{t.file}: error: {t.error}", file=sys.stderr)
+
+
+def render(t: Transcript, detail: FileTranscript | None, fmt: str, max_line_chars: int) -> str:
+    if fmt == "txt":
+        return t.text + "\n"
+    if fmt == "json":
+        return t.as_json() + "\n"
+    cues = subtitles.cues((u.words for u in detail.utterances), max_line_chars)
+    return subtitles.srt(cues) if fmt == "srt" else subtitles.vtt(cues)
 
 
 def _print(t: Transcript, as_json: bool) -> None:

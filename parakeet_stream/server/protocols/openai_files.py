@@ -1,0 +1,160 @@
+"""`POST /v1/audio/transcriptions`: OpenAI's file transcription API, as the openai SDK's
+`client.audio.transcriptions.create` speaks it (also vLLM's and NVIDIA NIM's).
+
+A multipart form: `file` (the audio), `response_format` (json, text, verbose_json, srt, vtt),
+`timestamp_granularities[]` (word, segment: verbose_json's `words` and `segments`), `stream`
+(true: server-sent events `transcript.text.delta` as the text is decoded, then
+`transcript.text.done`). Accepted and ignored: `model`, `language`, `prompt`, `temperature`
+and the other hints in IGNORED. Errors are OpenAI's `{"error": {message, type, param, code}}`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import trio
+
+from ... import subtitles
+from .. import wire
+from ..context import ServerContext
+from ..files.exchange import Exchange, UploadError
+from ..files.form import FormSink
+from ..files.spool import Spool
+from ..files.transcript import FileTranscript
+from ..files.upload import check_key, open_audio, transcribe, upload_slot
+from ..guard import bearer_token
+
+PATH = "/v1/audio/transcriptions"
+PROTOCOL = "openai_files"
+JSON = "application/json"
+FORMATS = {
+    "json": JSON,
+    "text": "text/plain",
+    "verbose_json": JSON,
+    "srt": "application/x-subrip",
+    "vtt": "text/vtt",
+}
+GRANULARITIES = ("word", "segment")
+IGNORED = {
+    "model", "language", "prompt", "temperature", "include[]", "keywords[]", "languages[]",
+    "known_speaker_names[]", "known_speaker_references[]",
+}
+KNOWN = {"file", "response_format", "timestamp_granularities[]", "stream", *IGNORED}
+
+
+@dataclass
+class Options:
+    response_format: str = "json"
+    words: bool = False
+    segments: bool = True
+    stream: bool = False
+
+
+async def handle(ctx: ServerContext, exchange: Exchange) -> None:
+    """Answer the upload; refusals are raised (UploadError) and answered by `refuse`."""
+    with upload_slot(ctx, PROTOCOL):
+        check_key(ctx, bearer_token(exchange.headers) or exchange.query.get("api_key"))
+        with Spool() as spool:
+            form = FormSink(exchange.headers.get("content-type", ""), spool)
+            await exchange.read_body(form.write, ctx.config.max_upload_bytes)
+            await trio.to_thread.run_sync(form.close)
+            options = parse_options(form.fields)
+            reader = await open_audio(ctx, spool)
+            work = partial(_stream, ctx, exchange, reader) if options.stream else partial(
+                _answer, ctx, exchange, reader, options)
+            try:
+                await exchange.while_connected(work)
+            finally:
+                reader.close()
+
+
+def parse_options(fields: dict[str, list[str]]) -> Options:
+    for name in fields:
+        if name not in KNOWN and not name.startswith("chunking_strategy"):
+            raise UploadError(400, "unknown_parameter", f"unrecognized request argument supplied: {name[:60]}", name[:60])
+    options = Options()
+    response_format = _one(fields, "response_format", "json")
+    if response_format not in FORMATS:
+        raise UploadError(400, "invalid_value", f"response_format must be one of {', '.join(FORMATS)}", "response_format")
+    options.response_format = response_format
+    granularities = fields.get("timestamp_granularities[]", ["segment"])
+    if any(g not in GRANULARITIES for g in granularities):
+        raise UploadError(400, "invalid_value", "timestamp_granularities[] takes word and segment",
+                          "timestamp_granularities[]")
+    options.words, options.segments = "word" in granularities, "segment" in granularities
+    stream = _one(fields, "stream", "false")
+    if stream not in ("true", "false"):
+        raise UploadError(400, "invalid_value", "stream must be true or false", "stream")
+    options.stream = stream == "true"
+    if options.stream and response_format not in ("json", "text"):
+        raise UploadError(400, "invalid_value", "stream=true sends text events: use response_format json or text",
+                          "response_format")
+    return options
+
+
+def _one(fields: dict[str, list[str]], name: str, default: str) -> str:
+    values = fields.get(name, [default])
+    if len(values) > 1:
+        raise UploadError(400, "invalid_value", f"{name} is given more than once", name)
+    return values[0].strip()
+
+
+async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Options) -> None:
+    transcript = await transcribe(ctx, reader, PROTOCOL)
+    await exchange.respond(200, render(transcript, options), FORMATS[options.response_format])
+
+
+async def _stream(ctx: ServerContext, exchange: Exchange, reader) -> None:
+    """Server-sent events; the answer starts with the first text, so that a file refused before
+    any text (queue full, undecodable audio) still gets an HTTP error status."""
+
+    async def delta(text: str) -> None:
+        if not exchange.responded:
+            await exchange.open_events()
+        await exchange.send_event(wire.dumps({"type": "transcript.text.delta", "delta": text}))
+
+    transcript = await transcribe(ctx, reader, PROTOCOL, delta)
+    if not exchange.responded:
+        await exchange.open_events()
+    await exchange.send_event(wire.dumps({"type": "transcript.text.done", "text": transcript.text}))
+    await exchange.close_events()
+
+
+def render(transcript: FileTranscript, options: Options) -> bytes:
+    kind = options.response_format
+    if kind == "text":
+        return (transcript.text + "\n").encode()
+    if kind in ("srt", "vtt"):
+        cues = subtitles.cues(u.words for u in transcript.utterances)
+        return (subtitles.srt(cues) if kind == "srt" else subtitles.vtt(cues)).encode()
+    usage = {"type": "duration", "seconds": round(transcript.duration, 3)}
+    if kind == "json":
+        return wire.dumps({"text": transcript.text, "usage": usage})
+    body = {"task": "transcribe", "language": "english", "duration": round(transcript.duration, 3),
+            "text": transcript.text}
+    if options.segments:
+        body["segments"] = [_segment(i, u) for i, u in enumerate(transcript.utterances)]
+    if options.words:
+        body["words"] = transcript.words
+    return wire.dumps(body | {"usage": usage})
+
+
+def _segment(i: int, utterance) -> dict:
+    """Whisper's segment fields; the decoding statistics we do not compute are neutral values."""
+    return {
+        "id": i, "seek": 0, "start": utterance.start, "end": utterance.end, "text": utterance.text,
+        "tokens": utterance.token_ids, "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 1.0,
+        "no_speech_prob": 0.0,
+    }
+
+
+async def refuse(exchange: Exchange, exc: UploadError) -> None:
+    """The error in OpenAI's shape: as the answer, or as the last event of a started stream."""
+    kind = "requests" if exc.status == 429 else "server_error" if exc.status >= 500 else "invalid_request_error"
+    body = wire.dumps({"error": {"message": exc.message, "type": kind, "param": exc.param, "code": exc.code}})
+    if exchange.responded:
+        await exchange.send_event(body)
+        await exchange.close_events()
+        return
+    retry = [("retry-after", "1")] if exc.status in (429, 503) else []
+    await exchange.respond(exc.status, body, JSON, retry)
