@@ -42,7 +42,7 @@ def test_transcribe_a_directory_says_so(tiny_model_dir, tmp_path):
 @cpu_only
 @pytest.mark.parametrize("module", ["parakeet_stream.tools.transcribe", "parakeet_stream.server.cli"])
 def test_cuda_on_cpu_only_torch_is_one_line(module, tiny_model_dir):
-    args = [str(SENTENCE)] if module.endswith("transcribe") else ["--port", "0", "--ws-port", "0", "--http-port", "0"]
+    args = [str(SENTENCE)] if module.endswith("transcribe") else ["--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0"]
     result = run(module, *args, "--model", str(tiny_model_dir), "--device", "cuda")
     assert result.returncode == 2
     line = one_line(result.stderr)

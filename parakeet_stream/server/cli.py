@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8765, help="raw TCP port, newline-delimited JSON (0: any free)")
     p.add_argument("--ws-port", type=int, default=8000, help="WebSocket port: native protocol and /v1/realtime")
     p.add_argument("--http-port", type=int, default=8080, help="HTTP port: /health, /ready, /metrics")
+    p.add_argument("--grpc-port", type=_grpc_port, default=50051,
+                   help="gRPC port: NVIDIA Riva ASR, as nvidia-riva-client speaks it (0: any free; off: none)")
     p.add_argument("--model", default="demo", help="demo, small, large, a Hugging Face ORG/NAME[@REVISION] "
                    "(downloaded and converted once, then cached) or a model folder")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
@@ -54,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _grpc_port(value: str) -> int | None:
+    return None if value == "off" else int(value)
+
+
 def _slots(value: str) -> int | str:
     return value if value == "auto" else int(value)
 
@@ -64,6 +70,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         tcp_port=args.port,
         ws_port=args.ws_port,
         http_port=args.http_port,
+        grpc_port=args.grpc_port,
         api_key=args.api_key,
         allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
         max_message_bytes=args.max_message_bytes,
@@ -98,7 +105,8 @@ async def run(ctx: ServerContext) -> None:
         host = ctx.config.host
         print(
             f"parakeet-serve ready: tcp://{host}:{ports['tcp']} ws://{host}:{ports['ws']} "
-            f"http://{host}:{ports['http']}" + (f" agent://{host}:{ports['agent']}" if "agent" in ports else ""),
+            f"http://{host}:{ports['http']}" + (f" agent://{host}:{ports['agent']}" if "agent" in ports else "")
+            + (f" grpc://{host}:{ports['grpc']}" if "grpc" in ports else ""),
             flush=True,
         )
 
