@@ -526,6 +526,64 @@ async def test_cancelled_calls_free_their_slot_at_once(engine, sentence):
     assert b'parakeet_connections{protocol="riva"} 0.0' in metrics
 
 
+def raw_requests(ctx, requests, hold: threading.Event | None = None):
+    """StreamingRecognize with these requests through the generated stub; with `hold`, the
+    client then waits (neither sending nor half-closing) until it is set."""
+    def generate():
+        yield from requests
+        if hold is not None:
+            hold.wait(30)
+
+    stub = rasr_grpc.RivaSpeechRecognitionStub(grpc.insecure_channel(f"127.0.0.1:{ctx.config.ports['grpc']}"))
+    responses: list = []
+    try:
+        for response in stub.StreamingRecognize(generate()):
+            responses.append(response)
+    except grpc.RpcError as exc:
+        return responses, exc
+    finally:
+        if hold is not None:
+            hold.set()
+    return responses, None
+
+
+async def test_request_id_is_echoed(engine, sentence):
+    from riva.client.proto.riva_common_pb2 import RequestId
+
+    pcm = encode_audio(sentence, "pcm16")
+
+    def run(ctx):
+        streaming = raw_requests(ctx, [
+            rasr.StreamingRecognizeRequest(streaming_config=streaming_config(), id=RequestId(value="call-7")),
+            rasr.StreamingRecognizeRequest(audio_content=pcm),
+        ])
+        offline = service(ctx).stub.Recognize(
+            rasr.RecognizeRequest(config=recognition_config(), audio=pcm, id=RequestId(value="file-9"))
+        )
+        return streaming, offline
+
+    async with running_server(engine) as ctx:
+        (responses, error), offline = await in_thread(run, ctx)
+    assert error is None and responses and all(r.id.value == "call-7" for r in responses)
+    assert offline.results and offline.id.value == "file-9"
+
+
+async def test_idle_streams_and_the_stream_time_limit(engine, sentence):
+    pcm = encode_audio(sentence, "pcm16")
+    config = rasr.StreamingRecognizeRequest(streaming_config=streaming_config(interim=False))
+
+    def run(ctx):
+        idle = raw_requests(ctx, [config, rasr.StreamingRecognizeRequest(audio_content=pcm[:3200])], threading.Event())
+        long = raw_requests(ctx, [config, rasr.StreamingRecognizeRequest(audio_content=pcm)], threading.Event())
+        return idle, long
+
+    async with running_server(engine, idle_timeout=0.5, max_stream_seconds=1.0) as ctx:
+        (_, idle), (responses, cut) = await in_thread(run, ctx)
+    assert idle.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "no audio for 0.5 s" in idle.details()
+    assert cut.code() == grpc.StatusCode.OUT_OF_RANGE and "at most 1 s of audio" in cut.details()
+    assert finals(responses) and finals(responses)[-1].audio_processed <= 1.0 + 1e-6
+
+
 async def test_config_must_arrive_within_the_handshake_timeout(engine):
     def silent(ctx):
         never = threading.Event()

@@ -1,8 +1,9 @@
 """One call's audio bytes -> float32 samples at the model rate.
 
 The format is settled by the first bytes: a WAV header if they start with one (its format wins
-over the config's; it may span several messages), else the config's encoding and rate. Riva's audio is a byte stream cut into
-messages anywhere: a sample split across two messages is carried over, never refused.
+over the config's; it may span several messages), else the config's encoding and rate. Riva's
+audio is a byte stream cut into messages anywhere: a sample split across two messages is carried
+over, never refused.
 """
 from __future__ import annotations
 
@@ -23,17 +24,11 @@ class AudioInput:
     def __init__(self, options: Options) -> None:
         self._options = options
         self._encoding: str | None = None
-        self._rate = 0
         self._width = 1
         self._resampler: audio.StreamResampler | None = None
         self._carry = b""
         self._head = b""  # the first bytes, until they tell whether a WAV header comes
         self._left: int | None = None  # WAV: bytes of samples the header announced, not yet read
-        self.received_samples = 0  # at the input rate
-
-    @property
-    def received_seconds(self) -> float:
-        return self.received_samples / self._rate if self._rate else 0.0
 
     def decode(self, data: bytes) -> np.ndarray:
         if self._resampler is None:
@@ -50,7 +45,6 @@ class AudioInput:
             samples = decode_bytes(data[:whole], self._encoding)
         except ProtocolError as exc:
             raise RivaError("invalid_message", exc.message) from None
-        self.received_samples += len(samples)
         return self._resampler.push(samples)
 
     def finish(self) -> np.ndarray:
@@ -67,9 +61,9 @@ class AudioInput:
         """Settle the format from the first bytes (None: a WAV header is still incomplete);
         returns the audio bytes after any header."""
         data, encoding, rate = self._head, self._options.encoding or "pcm16", self._options.sample_rate
-        if maybe_wav(data) and not (last and not is_wav(data)):
-            header = parse_wav(data) if is_wav(data) else None
-            if header is None:
+        if is_wav(data):
+            header = parse_wav(data)
+            if header is None:  # it goes on in the next message
                 if last:
                     raise RivaError("invalid_config", "WAV audio: the header ends before the 'data' chunk")
                 return None
@@ -77,12 +71,14 @@ class AudioInput:
                 raise RivaError("invalid_config", f"WAV audio has {header.channels} channels: only mono is supported")
             encoding, rate, data = header.encoding, header.sample_rate, data[header.offset :]
             self._left = header.size if 0 < header.size < UNKNOWN_SIZE else None
+        elif maybe_wav(data) and not last:
+            return None  # too short to tell
         if rate is None:
             raise RivaError("invalid_config", "sample_rate_hertz is required for audio without a WAV header")
         try:
             self._resampler = audio.StreamResampler(rate)
         except audio.AudioError as exc:
             raise RivaError("invalid_config", f"sample rate: {exc}") from None
-        self._encoding, self._rate, self._width = encoding, rate, DECODERS[encoding][0]
+        self._encoding, self._width = encoding, DECODERS[encoding][0]
         self._head = b""
         return data

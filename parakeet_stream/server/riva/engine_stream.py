@@ -56,10 +56,16 @@ class RivaStream:
     def received_samples(self) -> int:
         return self.pushed_samples + len(self._pending) // SAMPLE_BYTES
 
+    @property
+    def received_seconds(self) -> float:
+        """The audio this stream took (cut at the time limit; the engine pads the last chunk,
+        and that padding was never sent)."""
+        return self.received_samples / self.engine.sample_rate
+
     async def add(self, samples: np.ndarray) -> None:
         """Take audio within the budget, waiting for room; a message larger than the whole
         budget goes in in pieces. At --max-stream-seconds the audio is cut and the stream finalized."""
-        while len(samples) and not self.finalized_at:
+        while len(samples) and self.finalized_at is None:
             room = self._budget - self.held_samples
             if room <= 0:
                 self._progress.clear()

@@ -46,7 +46,7 @@ class OfflineCall:
                         rasr.SpeechRecognitionResult(
                             alternatives=[p.alternative], channel_tag=CHANNEL_TAG, audio_processed=p.audio_processed
                         )
-                        for p in transcript.add(result, audio.received_seconds)
+                        for p in transcript.add(result, self.stream.received_seconds)
                     ]
         finally:
             feeder.cancel()

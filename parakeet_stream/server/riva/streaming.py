@@ -75,7 +75,7 @@ class StreamingCall:
                 self._observe(result)
                 if self._transcript is None:  # the client ended before its config
                     continue
-                for piece in self._transcript.add(result, self._audio.received_seconds):
+                for piece in self._transcript.add(result, self.stream.received_seconds):
                     await self._send(piece)
 
     async def _read(self) -> None:

@@ -44,8 +44,7 @@ class Transcript:
         self._tokens: list[TimedToken] = []  # the open utterance
 
     def add(self, result: StreamResult, received_seconds: float) -> list[Piece]:
-        """What to send for one result; `received_seconds`: the audio received so far (the
-        engine pads the last chunk, and that padding was never sent)."""
+        """What to send for one result; `received_seconds`: the audio the stream took so far."""
         processed = min(result.audio_seconds, received_seconds)
         out: list[Piece] = []
         grew = False
