@@ -23,7 +23,8 @@ def main(path: str, server: str = "127.0.0.1:50051", key: str | None = None) -> 
     metadata = [["authorization", f"Bearer {key}"]] if key else None
     asr = riva.client.ASRService(riva.client.Auth(uri=server, use_ssl=False, metadata_args=metadata))
 
-    models = asr.stub.GetRivaSpeechRecognitionConfig(riva.client.proto.riva_asr_pb2.RivaSpeechRecognitionConfigRequest())
+    request = riva.client.proto.riva_asr_pb2.RivaSpeechRecognitionConfigRequest()
+    models = asr.stub.GetRivaSpeechRecognitionConfig(request)
     for model in models.model_config:
         print(f"model {model.model_name} ({model.parameters['type']}): {dict(model.parameters)}")
 

@@ -16,10 +16,14 @@ import time
 import grpc
 import numpy as np
 import pytest
+import riva.client as riva_client
 import soxr
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from riva.client.proto import riva_asr_pb2 as rasr
+from riva.client.proto import riva_asr_pb2_grpc as rasr_grpc
+from test_server_hostile import good_stream, serve, wait_for, warm_up  # noqa: F401 - serve: a fixture
 from test_server_support import (  # noqa: F401 - fixtures are used by name
     hold_every_slot,
     http_get,
@@ -33,16 +37,15 @@ from test_server_support import (  # noqa: F401 - fixtures are used by name
 
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine
+from parakeet_stream.server import ServerConfig
 from parakeet_stream.server.cli import build_parser
+from parakeet_stream.server.guard import connection_bytes
 from parakeet_stream.server.riva.audio_input import AudioInput
 from parakeet_stream.server.riva.errors import RivaError
 from parakeet_stream.server.riva.options import Options
 from parakeet_stream.server.riva.wav import parse_wav
 from parakeet_stream.server.wire import ALAW, MULAW
 
-riva_client = pytest.importorskip("riva.client")
-from riva.client.proto import riva_asr_pb2 as rasr  # noqa: E402
-from riva.client.proto import riva_asr_pb2_grpc as rasr_grpc  # noqa: E402
 
 LINEAR_PCM = riva_client.AudioEncoding.LINEAR_PCM
 CHUNK_SECONDS = 0.1
@@ -247,7 +250,8 @@ async def test_resampled_and_telephony_audio(engine, sentence):
         for name, (data, decoded) in coded.items():
             encoding = riva_client.AudioEncoding.Value(name)
             out[name] = stream(ctx, chunks(data, 8000, 1), streaming_config(rate=8000, encoding=encoding))
-            out[name + " as pcm16"] = stream(ctx, chunks(encode_audio(decoded, "pcm16"), 8000), streaming_config(rate=8000))
+            linear = chunks(encode_audio(decoded, "pcm16"), 8000)
+            out[name + " as pcm16"] = stream(ctx, linear, streaming_config(rate=8000))
         return {name: transcript(finals(responses)) for name, responses in out.items()}
 
     async with running_server(engine) as ctx:
@@ -295,7 +299,9 @@ REFUSED = {
     "opus": ({"encoding": riva_client.AudioEncoding.OGGOPUS}, "encoding OGGOPUS"),
     "german": ({"language_code": "de-DE"}, "English"),
     "stereo": ({"audio_channel_count": 2}, "mono"),
-    "diarization": ({"diarization_config": rasr.SpeakerDiarizationConfig(enable_speaker_diarization=True)}, "diarization"),
+    "diarization": (
+        {"diarization_config": rasr.SpeakerDiarizationConfig(enable_speaker_diarization=True)}, "diarization"
+    ),
     "rate": ({"sample_rate_hertz": 1000}, "sample_rate_hertz"),
 }
 
@@ -308,7 +314,8 @@ async def test_unsupported_config_is_refused(engine, case):
     def run(ctx):
         asr = service(ctx)
         config = riva_client.RecognitionConfig(**fields)
-        streaming = rpc_error(lambda: stream(ctx, iter([b"\0\0"]), riva_client.StreamingRecognitionConfig(config=config)))
+        asked = riva_client.StreamingRecognitionConfig(config=config)
+        streaming = rpc_error(lambda: stream(ctx, iter([b"\0\0"]), asked))
         offline = rpc_error(lambda: asr.offline_recognize(b"\0\0", config))
         return streaming, offline
 
@@ -338,8 +345,9 @@ async def test_api_key(engine, sentence):
         out = {}
         for name, key in (("none", None), ("wrong", "nope")):
             out[name] = rpc_error(lambda: stream(ctx, chunks(pcm), key=key))
+            stub = service(ctx, key=key).stub
             out[name + " config"] = rpc_error(
-                lambda: service(ctx, key=key).stub.GetRivaSpeechRecognitionConfig(rasr.RivaSpeechRecognitionConfigRequest())
+                lambda: stub.GetRivaSpeechRecognitionConfig(rasr.RivaSpeechRecognitionConfigRequest())
             )
         out["good"] = stream(ctx, chunks(pcm), key="secret", function_id="any")
         return out
@@ -657,7 +665,6 @@ async def test_a_client_that_stops_reading_is_dropped():
     """Every response has --send-timeout to be taken by gRPC's flow control."""
     import asyncio
 
-    from parakeet_stream.server import ServerConfig
     from parakeet_stream.server.riva.streaming import StreamingCall
     from parakeet_stream.server.riva.transcript import Piece
 
@@ -675,3 +682,68 @@ async def test_a_client_that_stops_reading_is_dropped():
     with pytest.raises(RivaError) as info:
         await trio.to_thread.run_sync(asyncio.run, attempt())
     assert info.value.code == "slow_consumer" and info.value.status == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+# -- flooding calls, in a real server process ---------------------------------------------------
+
+
+def grpc_flooder(port: int, piece: bytes, stop: threading.Event) -> None:
+    """A StreamingRecognize call sending `piece` as fast as gRPC takes it, until `stop`."""
+    def requests():
+        yield rasr.StreamingRecognizeRequest(streaming_config=streaming_config(interim=False))
+        while not stop.is_set():
+            yield rasr.StreamingRecognizeRequest(audio_content=piece)
+
+    stub = rasr_grpc.RivaSpeechRecognitionStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+    try:
+        for _ in stub.StreamingRecognize(requests()):
+            pass
+    except grpc.RpcError:
+        pass
+
+
+def warm_up_grpc(port: int, pcm: bytes) -> None:
+    asr = riva_client.ASRService(riva_client.Auth(uri=f"127.0.0.1:{port}", use_ssl=False))
+    assert finals(asr.streaming_response_generator(chunks(pcm), streaming_config()))
+    assert asr.offline_recognize(pcm, recognition_config()).results
+
+
+async def test_flooding_calls_hold_their_budget_and_other_doors_are_unaffected(serve, sentence):
+    """One admitted call flooding 2-byte messages and three queued ones flooding 2-byte or
+    nearly 1 MiB messages (the rate limit lifted, so only the budgets bound them): the server
+    holds no more than the documented bound of four connections (docs/protocol.md section 5),
+    and a native stream's tokens are those of its solo run. The server's log stays clean
+    (checked by `serve`)."""
+    server = serve("--max-num-streams", "2", "--max-queue", "4", "--max-messages-per-second", "1e9")
+    port, stop, rss = server.ports["grpc"], threading.Event(), []
+    await warm_up(server, sentence)
+    await in_thread(warm_up_grpc, port, encode_audio(sentence, "pcm16"))  # gRPC's first-use allocations
+    solo, _ = await good_stream(server.url("tcp"), sentence)
+
+    async def counts(active: int, queued: int) -> bool:
+        health = await server.health()
+        return (health["active"], health["queued"]) == (active, queued)
+
+    async def flood() -> None:
+        """Once the good stream holds its slot: the flooders take the other slot and the queue."""
+        rss.append(server.rss_mb())
+        nursery.start_soon(trio.to_thread.run_sync, grpc_flooder, port, b"\x01\x00", stop)
+        await wait_for(lambda: counts(2, 0), timeout=10)
+        for piece in (b"\x01\x00", bytes((1 << 20) - 64), bytes((1 << 20) - 64)):
+            nursery.start_soon(trio.to_thread.run_sync, grpc_flooder, port, piece, stop)
+        await wait_for(lambda: counts(2, 3), timeout=10)
+        nursery.start_soon(sample_rss)
+
+    async def sample_rss() -> None:
+        while True:
+            rss.append(server.rss_mb())
+            await trio.sleep(0.2)
+
+    async with trio.open_nursery() as nursery:
+        tokens, _ = await good_stream(server.url("tcp"), sentence, flood)
+        await trio.sleep(1)  # a queued flooder takes the freed slot and fills its budget
+        stop.set()
+        nursery.cancel_scope.cancel()
+    print(f"RSS {rss[0]:.0f} MB -> peak {max(rss):.0f} MB with four flooding gRPC calls")
+    assert tokens == solo
+    assert max(rss) - rss[0] <= 4 * connection_bytes(ServerConfig()) / 2**20 + 10

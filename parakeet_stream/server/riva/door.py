@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 
 import grpc
@@ -40,7 +41,8 @@ class RivaDoor:
     def start(self) -> int:
         """Start the thread and listen; returns the port (blocking: run it in a worker thread)."""
         listening: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(listening),), name="riva-grpc", daemon=True)
+        serve = self._serve(listening)
+        self._thread = threading.Thread(target=asyncio.run, args=(serve,), name="riva-grpc", daemon=True)
         self._thread.start()
         try:
             return listening.result()
@@ -50,7 +52,8 @@ class RivaDoor:
 
     def stop(self) -> None:
         """Stop listening, cancel what is left, end the thread (blocking)."""
-        self._loop.call_soon_threadsafe(self._stop.set)
+        with contextlib.suppress(RuntimeError):  # the loop already ended
+            self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join()
 
     def begin_drain(self) -> None:

@@ -44,7 +44,8 @@ def parse_config(config: RecognitionConfig, interim_results: bool = False) -> Op
         raise RivaError("invalid_config", f"encoding {name} is not supported: use LINEAR_PCM, MULAW or ALAW")
     language = config.language_code.strip().lower()
     if language and language != "en" and not language.startswith("en-"):
-        raise RivaError("invalid_config", f"language_code {config.language_code[:40]!r}: this server transcribes English (en-US)")
+        said = config.language_code[:40]
+        raise RivaError("invalid_config", f"language_code {said!r}: this server transcribes English (en-US)")
     if config.audio_channel_count > 1:
         raise RivaError("invalid_config", "audio_channel_count must be 1: only mono audio is supported")
     if config.diarization_config.enable_speaker_diarization:

@@ -7,11 +7,9 @@ logged, and answered INTERNAL. The calls in progress are kept so that the drain 
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import PurePath
 
-import grpc
 from riva.client.proto import riva_asr_pb2 as rasr
 from riva.client.proto.riva_asr_pb2_grpc import RivaSpeechRecognitionServicer
 
@@ -36,21 +34,19 @@ class RivaServicer(RivaSpeechRecognitionServicer):
         self.calls: set[StreamingCall | OfflineCall] = set()  # touched on the gRPC loop only
 
     async def StreamingRecognize(self, request_iterator, context):
-        call = StreamingCall(self.ctx, context)
-        await self._serve(context, call, call.run)
+        call = StreamingCall(self.ctx, context)  # reads with context.read()
+        await self._guarded(context, lambda: self._counted(context, call, call.run))
 
     async def Recognize(self, request, context):
         call = OfflineCall(self.ctx)
-        return await self._serve(context, call, lambda: call.run(_parsed(request, "RecognizeRequest")))
+
+        async def run():
+            return await call.run(_parsed(request, "RecognizeRequest"))
+
+        return await self._guarded(context, lambda: self._counted(context, call, run))
 
     async def GetRivaSpeechRecognitionConfig(self, request, context):
-        try:
-            self._authorize(context)
-            if self.state.draining:
-                raise RivaError("server_shutdown", "the server is shutting down: reconnect")
-            return self.service_config(_parsed(request, "RivaSpeechRecognitionConfigRequest").model_name)
-        except RivaError as exc:
-            await self._abort(context, exc)
+        return await self._guarded(context, lambda: self._list_models(context, request))
 
     def service_config(self, wanted: str) -> rasr.RivaSpeechRecognitionConfigResponse:
         """What we serve, as Riva lists its models: one "online" (streaming) and one "offline"
@@ -82,33 +78,37 @@ class RivaServicer(RivaSpeechRecognitionServicer):
         for call in list(self.calls):
             call.on_finish()
 
-    async def _serve(self, context, call, body):
+    async def _guarded(self, context, body):
+        """Run a call: a RivaError ends it with its status; anything else is a bug (INTERNAL)."""
         try:
-            with self._admitted(context):
-                self.calls.add(call)
-                try:
-                    return await body()
-                finally:
-                    self.calls.discard(call)
+            return await body()
         except RivaError as exc:
             await self._abort(context, exc)
         except Exception:
             log.exception("riva call failed")
             await self._abort(context, RivaError("internal_error", "internal server error"))
 
-    @contextlib.contextmanager
-    def _admitted(self, context):
-        """Counted as an open call (the drain waits for it) and a connection (metrics)."""
+    async def _counted(self, context, call, run):
+        """A recognition call: past the gates, counted as an open call (the drain waits for it)
+        and a connection (metrics), and reachable by the drain while it runs."""
         self._authorize(context)
         if not self.state.enter():
             raise RivaError("server_shutdown", "the server is shutting down: reconnect")
         connections = self.ctx.metrics.connections.labels(PROTOCOL)
         connections.inc()
+        self.calls.add(call)
         try:
-            yield
+            return await run()
         finally:
+            self.calls.discard(call)
             connections.dec()
             self.state.leave()
+
+    async def _list_models(self, context, request) -> rasr.RivaSpeechRecognitionConfigResponse:
+        self._authorize(context)
+        if self.state.draining:
+            raise RivaError("server_shutdown", "the server is shutting down: reconnect")
+        return self.service_config(_parsed(request, "RivaSpeechRecognitionConfigRequest").model_name)
 
     def _authorize(self, context) -> None:
         expected = self.ctx.config.api_key
