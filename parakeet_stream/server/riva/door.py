@@ -82,8 +82,8 @@ class RivaDoor:
         host, port = self.ctx.config.host, self.ctx.config.grpc_port
         try:
             port = server.add_insecure_port(address(host, port))
-        except RuntimeError as exc:  # grpc's way of saying the address is taken or not ours
-            raise OSError(f"cannot listen for gRPC on {address(host, port)}: {exc}") from None
+        except RuntimeError:  # grpc's way of saying so (its message only points to its debug log)
+            raise OSError(f"cannot listen for gRPC on {address(host, port)}: address in use or not available") from None
         await server.start()
         return server, port
 
