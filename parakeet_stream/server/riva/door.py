@@ -1,17 +1,18 @@
 """The gRPC door: grpc's asyncio server on a thread of its own, with its own event loop.
 
 Trio and the gRPC loop share no objects. Trio reaches the door through `RivaDoor`'s thread-safe
-methods (`open_calls`, `begin_drain`, `finish`: a lock, or `loop.call_soon_threadsafe`), and
-starts and stops it in trio's worker threads, so the trio loop never waits on gRPC. The engine
-wakes the calls from its threads with `loop.call_soon_threadsafe` (engine_stream.py). Every call
-is a coroutine on this one loop: no thread per stream.
+methods (`open_calls`, `begin_drain`, `finish`: a lock, or `loop.call_soon_threadsafe`); the
+door's thread answers `start` and `stop` through the trio token (`run_sync_soon`), so the trio
+loop never waits on gRPC and no trio worker thread does either. The engine wakes the calls from
+its threads with `loop.call_soon_threadsafe` (engine_stream.py). Every call is a coroutine on
+this one loop: no thread per stream.
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import threading
+from collections.abc import Callable
 
 import grpc
 import trio
@@ -33,28 +34,24 @@ class RivaDoor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
+        self._stopped: Callable[[None], None] = lambda _: None  # stop()'s reply
 
     @property
     def open_calls(self) -> int:
         return self.state.open_calls
 
-    def start(self) -> int:
-        """Start the thread and listen; returns the port (blocking: run it in a worker thread)."""
-        listening: concurrent.futures.Future[int] = concurrent.futures.Future()
-        serve = self._serve(listening)
-        self._thread = threading.Thread(target=asyncio.run, args=(serve,), name="riva-grpc", daemon=True)
+    def start(self, reply: Callable[[int | BaseException], None]) -> None:
+        """Start the thread; it calls `reply` with the port once listening, or with the error."""
+        self._thread = threading.Thread(target=self._run, args=(reply,), name="riva-grpc", daemon=True)
         self._thread.start()
-        try:
-            return listening.result()
-        except BaseException:
-            self._thread.join()
-            raise
 
-    def stop(self) -> None:
-        """Stop listening, cancel what is left, end the thread (blocking)."""
+    def stop(self, reply: Callable[[None], None]) -> None:
+        """Stop listening and cancel what is left; the thread calls `reply(None)` as it ends."""
+        self._stopped = reply
         with contextlib.suppress(RuntimeError):  # the loop already ended
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join()
+        if not self._thread.is_alive():  # it ended before it could know whom to tell
+            reply(None)
 
     def begin_drain(self) -> None:
         """New calls get UNAVAILABLE; calls waiting for a slot get it too, at once."""
@@ -65,14 +62,20 @@ class RivaDoor:
         """The drain timeout passed: every stream is finalized (its final result is still sent)."""
         self._loop.call_soon_threadsafe(self._servicer.on_finish)
 
-    async def _serve(self, listening: concurrent.futures.Future) -> None:
+    def _run(self, reply: Callable[[int | BaseException], None]) -> None:
+        try:
+            asyncio.run(self._serve(reply))
+        finally:
+            self._stopped(None)
+
+    async def _serve(self, reply: Callable[[int | BaseException], None]) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         try:
             server, port = await self._listen()
-        except BaseException as exc:
-            listening.set_exception(exc)
+        except Exception as exc:
+            reply(exc)
             return
-        listening.set_result(port)
+        reply(port)
         await self._stop.wait()
         await server.stop(STOP_GRACE_S)
 
@@ -107,7 +110,7 @@ async def serve_riva(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED
     """Run the door beside the trio listeners: listening once started (the port goes into
     `ctx.config.ports["grpc"]`), draining with the server, stopped when cancelled."""
     door = RivaDoor(ctx)
-    ctx.config.ports["grpc"] = await trio.to_thread.run_sync(door.start)
+    ctx.config.ports["grpc"] = await _answer_from_door(door.start)
     try:
         task_status.started(door)
         await ctx.shutdown.wait()
@@ -117,4 +120,20 @@ async def serve_riva(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED
         await trio.sleep_forever()
     finally:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(door.stop)
+            await _answer_from_door(door.stop)
+
+
+async def _answer_from_door(action: Callable[[Callable], None]):
+    """`action(reply)`, then wait until the door's thread calls `reply(value)`: it hops into
+    trio with the trio token, so no trio worker thread waits on the door."""
+    token, answered, box = trio.lowlevel.current_trio_token(), trio.Event(), []
+
+    def reply(value) -> None:
+        box.append(value)
+        token.run_sync_soon(answered.set)
+
+    action(reply)
+    await answered.wait()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
