@@ -438,6 +438,29 @@ async def test_drain_timeout_finalizes_and_ends_unavailable(engine, sentence):
     assert finals(seen)
 
 
+async def test_queued_calls_are_told_to_reconnect_at_once_on_shutdown(engine, sentence):
+    pcm = encode_audio(sentence, "pcm16")
+    outcome: list = []
+    release = trio.Event()
+
+    async def queued(ctx) -> None:
+        outcome.append(await in_thread(lambda: rpc_error(lambda: stream(ctx, chunks(pcm)))))
+        outcome.append(trio.current_time())
+
+    async with trio.open_nursery() as outer:
+        async with running_server(engine, drain_timeout=3) as ctx:
+            await outer.start(hold_every_slot, ctx, release)
+            outer.start_soon(queued, ctx)
+            await wait_until(lambda: engine.stats()["queued"] == 1)
+            ctx.shutdown.set()
+            shutdown_at = trio.current_time()
+            await wait_until(lambda: len(outcome) == 2)
+            release.set()
+    error, ended_at = outcome
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "reconnect" in error.details()
+    assert ended_at - shutdown_at < 1  # not after the drain timeout
+
+
 # -- hostile input ------------------------------------------------------------------------------
 
 

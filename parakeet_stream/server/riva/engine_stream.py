@@ -19,7 +19,7 @@ from ...engine import ASREngine, EngineError, QueueFull, StreamResult
 from ..context import ServerConfig
 from ..guard import backlog_samples
 from ..stream import MIN_PUSH_SECONDS, SAMPLE_BYTES
-from .errors import RivaError
+from .errors import SHUTTING_DOWN, RivaError
 
 
 class RivaStream:
@@ -129,6 +129,11 @@ class RivaStream:
         self.failure = self.failure or error
         self._changed.set()
         self._progress.set()
+
+    def leave_queue(self) -> None:
+        """Shutdown began: a stream still waiting for a slot ends (UNAVAILABLE) at once."""
+        if not self.admitted:
+            self.fail(RivaError("server_shutdown", SHUTTING_DOWN))
 
     def release(self) -> None:
         """Free the slot at once (cancelling the stream if it is not finished)."""

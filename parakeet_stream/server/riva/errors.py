@@ -18,6 +18,9 @@ STATUS: dict[str, grpc.StatusCode] = {
 }
 
 
+SHUTTING_DOWN = "the server is shutting down: reconnect"
+
+
 class RivaError(Exception):
     """Ends a call with STATUS[code] and `message` (safe to show the client)."""
 

@@ -54,8 +54,8 @@ class OfflineCall:
         return rasr.RecognizeResponse(results=results, id=request.id if request.HasField("id") else None)
 
     def on_drain(self) -> None:
-        if self.stream is not None and not self.stream.admitted:
-            self.stream.fail(RivaError("server_shutdown", "the server is shutting down: reconnect"))
+        if self.stream is not None:
+            self.stream.leave_queue()
 
     def on_finish(self) -> None:
         """All its audio is in hand: it finishes by itself within the final grace."""

@@ -15,7 +15,7 @@ from riva.client.proto.riva_asr_pb2_grpc import RivaSpeechRecognitionServicer
 
 from ..context import ServerContext
 from ..guard import bearer_token, key_ok
-from .errors import RivaError
+from .errors import SHUTTING_DOWN, RivaError
 from .offline import OfflineCall
 from .options import LANGUAGE
 from .parsing import Malformed
@@ -93,7 +93,7 @@ class RivaServicer(RivaSpeechRecognitionServicer):
         and a connection (metrics), and reachable by the drain while it runs."""
         self._authorize(context)
         if not self.state.enter():
-            raise RivaError("server_shutdown", "the server is shutting down: reconnect")
+            raise RivaError("server_shutdown", SHUTTING_DOWN)
         connections = self.ctx.metrics.connections.labels(PROTOCOL)
         connections.inc()
         self.calls.add(call)
@@ -107,7 +107,7 @@ class RivaServicer(RivaSpeechRecognitionServicer):
     async def _list_models(self, context, request) -> rasr.RivaSpeechRecognitionConfigResponse:
         self._authorize(context)
         if self.state.draining:
-            raise RivaError("server_shutdown", "the server is shutting down: reconnect")
+            raise RivaError("server_shutdown", SHUTTING_DOWN)
         return self.service_config(_parsed(request, "RivaSpeechRecognitionConfigRequest").model_name)
 
     def _authorize(self, context) -> None:

@@ -56,8 +56,8 @@ class StreamingCall:
 
     def on_drain(self) -> None:
         """Shutdown began: a call still waiting for a slot is told to go elsewhere at once."""
-        if self.stream is not None and not self.stream.admitted:
-            self.stream.fail(RivaError("server_shutdown", "the server is shutting down: reconnect"))
+        if self.stream is not None:
+            self.stream.leave_queue()
 
     def on_finish(self) -> None:
         """The drain timeout passed: stop reading, finalize, send the final result, end UNAVAILABLE."""
