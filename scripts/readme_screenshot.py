@@ -40,7 +40,7 @@ def main() -> int:
         seconds = sf.info(str(speech_wav(wav))).duration
         server = subprocess.Popen(
             [sys.executable, "-m", "parakeet_stream.server.cli", "--model", "demo", "--port", "0", "--ws-port", "0",
-             "--http-port", "0", "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+             "--http-port", "0", "--grpc-port", "0", "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
         try:
             ready = next(line for line in server.stdout if line.startswith("parakeet-serve ready:"))
             http = re.search(r"http://127\.0\.0\.1:(\d+)", ready)[1]

@@ -78,7 +78,8 @@ def pcm16_exact(samples: np.ndarray) -> np.ndarray:
 
 @asynccontextmanager
 async def running_server(engine: ASREngine, **overrides) -> AsyncIterator[ServerContext]:
-    config = ServerConfig(tcp_port=0, ws_port=0, http_port=0, drain_timeout=10, **overrides)
+    ports = {"tcp_port": 0, "ws_port": 0, "http_port": 0, "grpc_port": 0}
+    config = ServerConfig(**{**ports, "drain_timeout": 10, **overrides})
     ctx = ServerContext.create(engine, config)
     async with trio.open_nursery() as nursery:
         await nursery.start(serve, ctx)
@@ -229,7 +230,7 @@ class ServerProcess:
 
     def __init__(self, model_dir: Path, *args: str) -> None:
         cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", str(model_dir)]
-        cmd += ["--port", "0", "--ws-port", "0", "--http-port", "0", "--log-level", "warning", *args]
+        cmd += ["--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0", "--log-level", "warning", *args]
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
         )

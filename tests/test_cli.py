@@ -64,7 +64,7 @@ def test_transcribe_json_times_in_milliseconds(tiny_model_dir):
 @pytest.mark.skipif((ROOT / "weights" / "small" / "config.json").is_file(), reason="weights/small is converted here")
 @pytest.mark.parametrize("module", ["parakeet_stream.tools.transcribe", "parakeet_stream.server.cli"])
 def test_named_model_offline_suggests_demo(module, tmp_path):
-    args = [str(SENTENCE)] if module.endswith("transcribe") else ["--port", "0", "--ws-port", "0", "--http-port", "0"]
+    args = [str(SENTENCE)] if module.endswith("transcribe") else ["--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
     result = run(module, *args, "--model", "small", env=env | {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 2
@@ -75,7 +75,7 @@ def test_named_model_offline_suggests_demo(module, tmp_path):
 @cpu_only
 @pytest.mark.parametrize("module", ["parakeet_stream.tools.transcribe", "parakeet_stream.server.cli"])
 def test_cuda_on_cpu_only_torch_is_one_line(module, tiny_model_dir):
-    args = [str(SENTENCE)] if module.endswith("transcribe") else ["--port", "0", "--ws-port", "0", "--http-port", "0"]
+    args = [str(SENTENCE)] if module.endswith("transcribe") else ["--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0"]
     result = run(module, *args, "--model", str(tiny_model_dir), "--device", "cuda")
     assert result.returncode == 2
     line = one_line(result.stderr)

@@ -108,7 +108,7 @@ def requirements(names: list[str]) -> dict[str, str]:
 
 
 # import name -> distribution, where they differ
-DISTRIBUTIONS = {"deepgram": "deepgram-sdk"}
+DISTRIBUTIONS = {"deepgram": "deepgram-sdk", "riva": "nvidia-riva-client"}
 
 
 def test_examples_extra_covers_every_example_import():

@@ -160,7 +160,7 @@ def test_missing_repo_and_revision_fail_in_one_line(hub, tmp_path):
 
 
 def test_unreachable_hub_fails_in_one_line(tmp_path):
-    result = run("parakeet_stream.server.cli", "--model", TINY, "--port", "0", "--ws-port", "0", "--http-port", "0",
+    result = run("parakeet_stream.server.cli", "--model", TINY, "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0",
                  env=hub_env(tmp_path, closed_port_url()))
     assert result.returncode == 2
     assert re.fullmatch(r"parakeet-serve: error: cannot reach http://127\.0\.0\.1:\d+ to download testorg/tiny-eou "
@@ -226,7 +226,7 @@ class ServeSh:
 
     def __init__(self, env: dict, *args: str) -> None:
         cmd = ["bash", str(ROOT / "scripts" / "serve.sh"), "--port", "0", "--ws-port", "0", "--http-port", "0",
-               "--log-level", "warning", *args]
+               "--grpc-port", "0", "--log-level", "warning", *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.stdout = []
         for line in self.proc.stdout:

@@ -23,7 +23,7 @@ NO_MODEL = "no/such/model/folder"
 
 def serve(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", NO_MODEL,
-           "--port", "0", "--ws-port", "0", "--http-port", "0", *args]
+           "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
@@ -45,7 +45,7 @@ def held_port():
         yield sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("flag", ["--port", "--ws-port", "--http-port", "--agent-port"])
+@pytest.mark.parametrize("flag", ["--port", "--ws-port", "--http-port", "--grpc-port", "--agent-port"])
 def test_port_in_use_is_one_line(held_port, flag):
     assert refused(serve(flag, str(held_port))) == (
         f"parakeet-serve: error: port {held_port} on 127.0.0.1 is already in use by another program: "

@@ -63,7 +63,7 @@ def test_unknown_dtype_is_refused():
 def test_serve_refuses_an_unsupported_mode_in_one_line(tiny_model_dir):
     proc = subprocess.run(
         [sys.executable, "-m", "parakeet_stream.server.cli", "--model", str(tiny_model_dir), "--dtype", "bfloat16",
-         "--quantize", "int8", "--port", "0", "--ws-port", "0", "--http-port", "0"],
+         "--quantize", "int8", "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0"],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2

@@ -51,7 +51,7 @@ class Server:
 
     def __init__(self, model_dir: Path, log_path: Path, *args: str) -> None:
         cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", str(model_dir), "--log-level", "info"]
-        cmd += ["--port", "0", "--ws-port", "0", "--http-port", "0", "--handshake-timeout", str(HANDSHAKE_S), *args]
+        cmd += ["--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0", "--handshake-timeout", str(HANDSHAKE_S), *args]
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in close()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -621,7 +621,7 @@ def test_serve_refuses_a_queue_that_cannot_fit_in_memory(tiny_model_dir):
     assert memory_problem(config, 320, available=4 << 30) is None
     assert "lower --max-queue" in memory_problem(config, 320, available=1 << 30)
     cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", str(tiny_model_dir)]
-    cmd += ["--port", "0", "--ws-port", "0", "--http-port", "0", "--max-queue", "100000000"]
+    cmd += ["--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0", "--max-queue", "100000000"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "refusing to start" in done.stderr and "Traceback" not in done.stderr
 

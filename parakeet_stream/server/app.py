@@ -1,4 +1,4 @@
-"""Listeners for TCP, WebSocket, HTTP and the HAProxy agent; graceful drain on shutdown."""
+"""Listeners for TCP, WebSocket, HTTP, the HAProxy agent and gRPC; graceful drain on shutdown."""
 from __future__ import annotations
 
 import logging
@@ -14,6 +14,7 @@ from .context import ServerContext
 from .doors import handle_tcp, handle_websocket
 from .http import handle_http
 from .replica import handle_agent
+from .riva import RivaDoor, serve_riva
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ SEND_BUFFER_BYTES = 256 * 1024
 async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve until `ctx.shutdown` is set, then drain the connections and return.
 
-    Reports {"tcp": port, "ws": port, "http": port[, "agent": port]} through `task_status` once
+    Reports {"tcp": port, "ws": port, "http": port[, "agent": port][, "grpc": port]} through `task_status` once
     listening. HTTP and the agent keep answering while draining (/ready 503, `drain`).
     """
     config = ctx.config
@@ -45,6 +46,7 @@ async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> 
             handlers.start_soon(
                 partial(trio.serve_listeners, _guarded(partial(handle_agent, ctx)), agent, handler_nursery=handlers)
             )
+        riva = await handlers.start(serve_riva, ctx) if config.grpc_port is not None else None
         async with trio.open_nursery() as accepting:
             accepting.start_soon(
                 partial(trio.serve_listeners, _guarded(partial(handle_tcp, ctx)), tcp, handler_nursery=handlers)
@@ -62,7 +64,7 @@ async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> 
             task_status.started(config.ports)
             await ctx.shutdown.wait()
             accepting.cancel_scope.cancel()  # stop accepting; sessions see the shutdown too
-        await _drain(ctx)
+        await _drain(ctx, riva)
         handlers.cancel_scope.cancel()
 
 
@@ -77,22 +79,27 @@ async def open_listeners(host: str, port: int) -> list[trio.SocketListener]:
     return listeners
 
 
-async def _drain(ctx: ServerContext) -> None:
-    """Active segments go on until they end or the drain timeout passes; then their input is made
-    final and they have FINAL_GRACE_S more for their final results."""
+async def _drain(ctx: ServerContext, riva: RivaDoor | None) -> None:
+    """Active segments (and gRPC calls) go on until they end or the drain timeout passes; then their
+    input is made final and they have FINAL_GRACE_S more for their final results."""
     with trio.move_on_after(ctx.config.drain_timeout):
-        await _all_closed(ctx)
-    if ctx.open_sessions:
-        log.warning("drain timeout: finalizing the segments of %d connections", ctx.open_sessions)
+        await _all_closed(ctx, riva)
+    if _open(ctx, riva):
+        log.warning("drain timeout: finalizing the segments of %d connections", _open(ctx, riva))
         ctx.drain_expired.set()
         with trio.move_on_after(FINAL_GRACE_S):
-            await _all_closed(ctx)
-    if ctx.open_sessions:
-        log.warning("closing %d connections", ctx.open_sessions)
+            await _all_closed(ctx, riva)
+    if _open(ctx, riva):
+        log.warning("closing %d connections", _open(ctx, riva))
 
 
-async def _all_closed(ctx: ServerContext) -> None:
-    while ctx.open_sessions:
+def _open(ctx: ServerContext, riva: RivaDoor | None) -> int:
+    """Connections and gRPC calls still open."""
+    return ctx.open_sessions + (riva.open_calls if riva is not None else 0)
+
+
+async def _all_closed(ctx: ServerContext, riva: RivaDoor | None) -> None:
+    while _open(ctx, riva):
         await trio.sleep(DRAIN_POLL_S)
 
 

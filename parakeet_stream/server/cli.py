@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=8080,
                    help="HTTP port: the live captions page (open http://HOST:PORT/), /health, /ready, /metrics "
                         "(0: any free)")
+    p.add_argument("--grpc-port", type=_grpc_port, default=50051,
+                   help="gRPC port: NVIDIA Riva ASR, as nvidia-riva-client speaks it (0: any free; off: none)")
     p.add_argument("--model", default="demo",
                    help="demo (bundled, understands synthetic speech only), small or large (NVIDIA's, downloaded "
                         "and converted once), a Hugging Face ORG/NAME[@REVISION] or a model folder; "
@@ -80,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _grpc_port(value: str) -> int | None:
+    return None if value == "off" else int(value)
+
+
 def _slots(value: str) -> int | str:
     return value if value == "auto" else int(value)
 
@@ -90,6 +96,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         tcp_port=args.port,
         ws_port=args.ws_port,
         http_port=args.http_port,
+        grpc_port=args.grpc_port,
         api_key=args.api_key,
         allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
         max_message_bytes=args.max_message_bytes,
@@ -131,7 +138,8 @@ async def run(ctx: ServerContext) -> str:
         host = ctx.config.host
         print(
             f"parakeet-serve ready: tcp://{host}:{ports['tcp']} ws://{host}:{ports['ws']} "
-            f"http://{host}:{ports['http']}" + (f" agent://{host}:{ports['agent']}" if "agent" in ports else ""),
+            f"http://{host}:{ports['http']}" + (f" agent://{host}:{ports['agent']}" if "agent" in ports else "")
+            + (f" grpc://{host}:{ports['grpc']}" if "grpc" in ports else ""),
             flush=True,
         )
     return outcome[0]
@@ -158,7 +166,8 @@ async def _watch_signals(ctx: ServerContext, scope: trio.CancelScope, outcome: l
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     problem = port_problem(args.host, {"--port": args.port, "--ws-port": args.ws_port,
-                                       "--http-port": args.http_port, "--agent-port": args.agent_port})
+                                       "--http-port": args.http_port, "--grpc-port": args.grpc_port,
+                                       "--agent-port": args.agent_port})
     if problem:
         print(f"parakeet-serve: error: {problem}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ import trio
 from . import wire
 from .channel import Channel, ChannelClosed, SlowConsumer
 from .codes import ProtocolError
-from .guard import MAX_BATCH_MESSAGES, MESSAGE_UNIT_BYTES, TokenBucket
+from .guard import MAX_BATCH_MESSAGES, TokenBucket, message_units
 
 if TYPE_CHECKING:
     from .context import ServerContext
@@ -122,7 +122,7 @@ class Connection:
         session, split = self.session, self.protocol.split
         handled = units = 0
         while frame is not None:
-            units += max(1, -(-len(frame) // MESSAGE_UNIT_BYTES))
+            units += message_units(len(frame))
             for message in split(frame) if split else (frame,):
                 try:
                     await session.on_message(message)

@@ -18,6 +18,7 @@ class ServerConfig:
     tcp_port: int = 8765
     ws_port: int = 8000
     http_port: int = 8080
+    grpc_port: int | None = 50051  # NVIDIA Riva ASR over gRPC (None: no gRPC door)
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ("*",)
     max_message_bytes: int = 1 << 20

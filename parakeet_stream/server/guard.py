@@ -52,6 +52,11 @@ def memory_problem(config: ServerConfig, streams: int, available: int | None = N
     )
 
 
+def message_units(size: int) -> int:
+    """What a message of `size` bytes costs against the message rate."""
+    return max(1, -(-size // MESSAGE_UNIT_BYTES))
+
+
 class TokenBucket:
     """Message-rate budget: `rate` units per second, bursts up to one second's worth.
 

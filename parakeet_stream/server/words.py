@@ -72,8 +72,17 @@ class WordTracker:
 
 def timed_words(info: EngineInfo, tokens: list[TimedToken], limit: float) -> list[dict]:
     """The words of text tokens (e.g. one utterance's), all complete, the last one cut at `limit`."""
-    words = pieces(info.tokenizer)
-    return _timed(words, info.frame_seconds, _group(words, tokens), limit)
+    return time_groups(info, group_words(info, tokens), limit)
+
+
+def group_words(info: EngineInfo, tokens: list[TimedToken]) -> list[list[TimedToken]]:
+    """Text tokens split into words (a group per word)."""
+    return _group(pieces(info.tokenizer), tokens)
+
+
+def time_groups(info: EngineInfo, groups: list[list[TimedToken]], limit: float) -> list[dict]:
+    """{word, start, end} per group (see the module docstring); a group with no text gives none."""
+    return _timed(pieces(info.tokenizer), info.frame_seconds, groups, limit)
 
 
 def _group(pieces: Pieces, tokens: list[TimedToken]) -> list[list[TimedToken]]:

@@ -87,7 +87,7 @@ async def _transcribe(engine: ASREngine, name: str, source: Source, lookahead) -
 
     try:
         await source.open()
-        samples = await feed_file(engine, source.read, on_result, int(BACKLOG_SECONDS * engine.sample_rate), lookahead)
+        samples = await feed_file(engine, source.read, on_result, int(BACKLOG_SECONDS * engine.info.sample_rate), lookahead)
     except AudioError as exc:
         return FileTranscript(error=f"cannot read audio file {name}: {exc}")
     finally:

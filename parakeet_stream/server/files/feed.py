@@ -42,14 +42,14 @@ async def feed_file(
     QueueFull when the engine has no place. The stream is cancelled if this is interrupted."""
     wakeup = Wakeup()
     sid = engine.create_stream(lookahead)
-    block = max(1, min(int(BLOCK_SECONDS * engine.sample_rate), budget_samples // 2))
+    block = max(1, min(int(BLOCK_SECONDS * engine.info.sample_rate), budget_samples // 2))
     pushed = consumed = 0
     ended = finished = False
     try:
         engine.add_listener(sid, wakeup.set_threadsafe)
         while not finished:
             for result in engine.collect(sid):
-                consumed = round(result.audio_seconds * engine.sample_rate)
+                consumed = round(result.audio_seconds * engine.info.sample_rate)
                 finished = result.is_final
                 await on_result(result)
             if finished:

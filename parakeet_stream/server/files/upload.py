@@ -73,7 +73,7 @@ async def transcribe(
     """Transcribe the whole file; `on_text` gets each new piece of text as it is decoded."""
     engine = ctx.engine
     builder = TranscriptBuilder(engine.info)
-    cap = int(ctx.config.max_upload_seconds * engine.sample_rate)  # a header may understate the length
+    cap = int(ctx.config.max_upload_seconds * engine.info.sample_rate)  # a header may understate the length
     read = in_worker_thread(_capped(reader.read, cap))
 
     async def on_result(result) -> None:
