@@ -107,6 +107,7 @@ class GreedyDecoder(nn.Module):
         self.predictor = Predictor(cfg)
         self.joint = Joint(d_model, cfg)
 
+    @torch.no_grad()
     def initial_state(self, batch: int, device=None, dtype=torch.float32) -> DecoderState:
         shape = (self.cfg.pred_rnn_layers, batch, self.cfg.pred_hidden)
         zeros = torch.zeros(shape, device=device, dtype=dtype)
@@ -114,6 +115,7 @@ class GreedyDecoder(nn.Module):
         out, (h, c) = self.predictor(start, (zeros, zeros.clone()))
         return DecoderState(h, c, self.joint.pred(out[:, 0]))
 
+    @torch.no_grad()
     def state_pool(self, slots: int, device=None) -> DecoderState:
         """The states of `slots` streams, every one at the start, with `reset` to start one over."""
         start = self.initial_state(1, device)
