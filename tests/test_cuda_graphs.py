@@ -84,7 +84,7 @@ def test_static_encoder_and_decoder_equal_eager_in_every_mode(request, model_nam
     model = request.getfixturevalue(model_name)
     runner = runner_on(model, "cpu")
     for mode in model.cfg.encoder.att_context_sizes:
-        assert check_encoder(runner, mode) * model.encoder.chunk_spec(mode).out_frames > runner.cache.keys.size(2)
+        assert check_encoder(runner, mode) > runner.cache.keys.size(2)  # the ring wrapped
         assert check_decoder(runner, mode) > 0
         assert runner.encoders[mode].replays > 0 and runner.encoders[mode].eager_calls == 0
 
