@@ -20,6 +20,7 @@ from functools import partial
 import numpy as np
 import torch
 
+from ..model.device import to_device
 from ..model.config import Lookahead
 from ..model.conformer import EncoderCache
 from ..model.greedy import GreedyPass, unpack
@@ -70,12 +71,16 @@ class ModelRunner:
         chunker.add_features(self.model.features, [i.seq.front for i in live], samples, [i.last for i in live])
         by_mode: dict = defaultdict(list)
         for item in live:
-            for r, window in enumerate(chunker.cut(item.seq.front, item.chunks, item.last)):
-                by_mode[item.seq.lookahead].append((r, item, window))
+            by_mode[item.seq.lookahead].append(item)
         batches = []
-        for mode, rows in by_mode.items():
-            rows.sort(key=lambda row: row[0])  # round by round; stable: the items' order within one
-            x = self._subsample(mode, [w for _, _, w in rows])
+        for mode, items in by_mode.items():
+            frames, windows = chunker.cut_all([i.seq.front for i in items], [i.chunks for i in items],
+                                              [i.last for i in items])
+            if frames is None:
+                continue
+            rows = [(r, item, ws[r]) for r in range(max(map(len, windows)))  # frames' order: round by round
+                    for item, ws in zip(items, windows) if r < len(ws)]
+            x = self._subsample(mode, frames, [w for _, _, w in rows])
             start = 0
             for r in range(rows[-1][0] + 1):
                 end = start
@@ -113,10 +118,9 @@ class ModelRunner:
                 item.tokens.append(found)
 
     # --- internals ---------------------------------------------------------------------------
-    def _subsample(self, mode: Lookahead, windows: list[Window]) -> torch.Tensor:
+    def _subsample(self, mode: Lookahead, frames: torch.Tensor, windows: list[Window]) -> torch.Tensor:
         """Pre-encode of every window of one mode, at most max_batch windows per call (memory)."""
-        dtype = self.model.encoder_dtype
-        feats = torch.stack([w.frames for w in windows]).to(self.device, dtype, non_blocking=True)
+        feats = frames.to(self.model.encoder_dtype)
         lengths = self._index([w.length for w in windows])
         start = self._index([w.start for w in windows])
         parts = [self.model.encoder.stream_pre_encode(feats[i : i + self.max_batch], lengths[i : i + self.max_batch],
@@ -161,11 +165,8 @@ class ModelRunner:
                                                 padding, self.max_batch, cuda, pools["decode"])
 
     def _index(self, values: list[int]) -> torch.Tensor:
-        """Host integers on the device, without a blocking copy (from pinned memory on CUDA)."""
-        host = torch.tensor(values, dtype=torch.long)
-        if self.device.type != "cuda":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
+        """Host integers on the device, without a blocking copy."""
+        return to_device(torch.tensor(values, dtype=torch.long), self.device)
 
     def _fetch(self, packed: list[torch.Tensor]) -> list[np.ndarray]:
         """Every batch's packed labels on the host: one copy and one wait for the whole step."""
