@@ -15,6 +15,7 @@ import torch
 
 from parakeet_stream.engine.model_runner import ModelRunner
 from parakeet_stream.model.greedy import GreedyPass, unpack
+from parakeet_stream.model.precision import set_precision
 from parakeet_stream.model.rnnt import DecoderState
 
 SLOTS, MAX_BATCH = 24, 20  # sizes 1 ... 16, 18, 20: batches of 17 and 19 have a padding row
@@ -22,7 +23,7 @@ SLOTS, MAX_BATCH = 24, 20  # sizes 1 ... 16, 18, 20: batches of 17 and 19 have a
 
 def runner_on(model, device: str) -> ModelRunner:
     """A runner with static batches (CUDA graphs on CUDA, their eager stand-in on CPU), captured."""
-    runner = ModelRunner(copy.deepcopy(model).to(device), SLOTS, MAX_BATCH, graphs=True)
+    runner = ModelRunner(set_precision(copy.deepcopy(model).to(device)), SLOTS, MAX_BATCH, graphs=True)
     runner.capture()
     return runner
 

@@ -61,6 +61,7 @@ class ASREngine:
         if not isinstance(model, ParakeetModel):
             model = load_model(model, self.device)
         self.model = set_precision(model, dtype, quantize)
+        self.device = model.features.fb.device  # with its index: what CUDA calls need ("cuda" -> "cuda:0")
         self.default_lookahead = self._check_lookahead(lookahead or model.cfg.default_lookahead)
         if self.device.type == "cuda":
             plan = plan_memory(free_memory(self.device), slot_bytes(model), stream_bytes(model),
