@@ -9,15 +9,16 @@ Parts, in order; each is timed and recorded, and one that fails does not stop th
 1. machine: torch, CUDA, the GPU and its memory, bfloat16, CUDA-graph conditional nodes;
 2. tests: tests/test_cuda.py and the CUDA test of tests/test_precision.py;
 3. models: random-weight `large` and `small` made on the spot (scripts/random_model.py);
-4. graphs: per model, mixed-mode streams through CUDA graphs and eagerly, float32: token agreement;
-5. sizing: per model, `--max-num-streams auto` in the serving precision: slots, largest step, bytes
-   per stream and per slot, time to capture every graph, memory left;
-6. ceiling: per model, pre-encode + encode + decode time of one step by batch size in the 160 ms
-   mode, and the most streams such steps keep in real time;
-7. capacity: per model, in-process capacity in the 160 ms mode (scripts/bench_engine.py's real-time
-   streams), p95 chunk latency <= 100 ms and <= 320 ms (the latency budget set to each);
-8. precision: agreement of float32 / bfloat16 / float16 on the GPU with float32 on CPU (the NeMo
-   fixture set of scripts/precision_report.py), and every encoder layer finite per precision.
+4. precision: agreement of float32 / bfloat16 / float16 on the GPU with float32 on CPU (the NeMo
+   fixture set of scripts/precision_report.py), and every encoder layer finite per precision;
+5. graphs: per model, mixed-mode streams through CUDA graphs and eagerly, float32: token agreement;
+then per model and latency target (100 ms, 320 ms), the latency budget set to it:
+6. sizing: `--max-num-streams auto` in the serving precision (bfloat16): slots, largest step, bytes
+   per stream and per slot, start-up time with every graph captured, memory left;
+7. ceiling (once per model): pre-encode + encode + decode time of one step by batch size in the
+   160 ms mode, and the most streams such steps keep in real time;
+8. capacity: in-process capacity in the 160 ms mode (scripts/bench_engine.py's real-time streams),
+   p95 chunk latency within the target; levels that would end past `--minutes` are not run.
 """
 
 from __future__ import annotations
@@ -211,7 +212,7 @@ def capacity(engine: ASREngine, target_ms: float, levels: tuple[int, ...], secon
     chunk_ms = engine.chunk_seconds(mode) * 1000
     runs, best, complete = [], 0, True
     for n in (n for n in levels if n <= engine.scheduler.max_num_streams):
-        if time.monotonic() > deadline:
+        if time.monotonic() + seconds + 10 > deadline:  # a level takes its audio's length and a drain
             complete = False
             break
         level = run_level(engine, n, seconds, mode)
@@ -242,53 +243,66 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="on CPU, tiny models and sizes: the code, not the figures")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_check")
     ap.add_argument("--work", type=Path, default=None, help="where the random models go (default: a temporary folder)")
-    ap.add_argument("--minutes", type=float, default=9.0, help="capacity levels stop being tried past this")
+    ap.add_argument("--minutes", type=float, default=9.5,
+                    help="the whole check ends by then: capacity levels that would end later are not tried")
     args = ap.parse_args()
     settings = DRY if args.dry_run else FULL
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device visible to torch (use --dry-run on CPU)")
     single_threaded_host()
     deadline = time.monotonic() + args.minutes * 60
-    device = settings["device"]
     report = Report()
     with tempfile.TemporaryDirectory() as tmp:
-        work = args.work or Path(tmp)
-        with report.part("machine") as rec:
-            rec |= machine(device)
-        serving = "bfloat16" if device == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-        with report.part("tests") as rec:
-            rec |= run_tests(settings["tests"])
-        with report.part("models") as rec:
-            models = make_models(settings["models"], work)
-            rec["models"] = list(models)
-        for name, folder in models.items():
-            with report.part(f"graphs {name}") as rec:
-                rec |= graphs_vs_eager(folder, device, settings["graph_streams"])
+        models = checks(report, settings, args.work or Path(tmp))
+        for name, folder in models.items():  # the capacity runs last: they take what time is left
             for target in TARGETS_MS:
-                engine = None
-                try:
-                    with report.part(f"sizing {name} {target}ms") as rec:
-                        engine, sizing = sized_engine(folder, settings, serving, target / 1000)
-                        rec |= sizing
-                    if engine is None:
-                        continue
-                    if target == TARGETS_MS[0]:
-                        with report.part(f"ceiling {name}") as rec:
-                            rec |= ceiling(engine, settings["batches"])
-                    with report.part(f"capacity {name} {target}ms") as rec:
-                        with engine:
-                            rec |= capacity(engine, target, settings["levels"], settings["seconds"], deadline)
-                finally:
-                    del engine
-                    gc.collect()
-                    if device == "cuda":
-                        torch.cuda.empty_cache()
-        with report.part("precision") as rec:
-            worst = fixture_agreement(list(settings["precisions"]), device)
-            rec["fixture_agreement"] = {mode: min(v) for mode, v in worst.items()}
-            rec["finite"] = {f"{name} {dtype}": finite_layers(folder, device, dtype)
-                             for name, folder in models.items() for dtype in settings["precisions"]}
+                serve(report, settings, name, folder, target, deadline)
     write(report.parts, args.out, args.dry_run)
+
+
+def checks(report: Report, settings: dict, work: Path) -> dict[str, Path]:
+    """Everything but the capacity: machine, tests, models, precision, graphs vs eager. Returns the models."""
+    device, models = settings["device"], {}
+    with report.part("machine") as rec:
+        rec |= machine(device)
+    with report.part("tests") as rec:
+        rec |= run_tests(settings["tests"])
+    with report.part("models") as rec:
+        models = make_models(settings["models"], work)
+        rec["models"] = list(models)
+    with report.part("precision") as rec:
+        worst = fixture_agreement(list(settings["precisions"]), device)
+        rec["fixture_agreement"] = {mode: min(v) for mode, v in worst.items()}
+        rec["finite"] = {f"{name} {dtype}": finite_layers(folder, device, dtype)
+                         for name, folder in models.items() for dtype in settings["precisions"]}
+    for name, folder in models.items():
+        with report.part(f"graphs {name}") as rec:
+            rec |= graphs_vs_eager(folder, device, settings["graph_streams"])
+    return models
+
+
+def serve(report: Report, settings: dict, name: str, folder: Path, target: int, deadline: float) -> None:
+    """One model sized automatically with the latency budget at `target`: its sizing, its step-time
+    ceiling (once per model) and its capacity at that target."""
+    device = settings["device"]
+    serving = "bfloat16" if device == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    engine = None
+    try:
+        with report.part(f"sizing {name} {target}ms") as rec:
+            engine, sizing = sized_engine(folder, settings, serving, target / 1000)
+            rec |= sizing
+        if engine is None:
+            return
+        if target == TARGETS_MS[0]:
+            with report.part(f"ceiling {name}") as rec:
+                rec |= ceiling(engine, settings["batches"])
+        with report.part(f"capacity {name} {target}ms") as rec, engine:
+            rec |= capacity(engine, target, settings["levels"], settings["seconds"], deadline)
+    finally:
+        del engine
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 def write(parts: dict, out: Path, dry_run: bool) -> None:
