@@ -29,9 +29,9 @@ MODES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "float16"
          "int8": ("float32", "int8")}
 
 
-def transcribe(model_dir, audios: dict, mode: str, lookahead=None) -> dict:
+def transcribe(model_dir, audios: dict, mode: str, lookahead=None, device: str = "cpu") -> dict:
     dtype, quantize = MODES[mode]
-    with ASREngine(model_dir, max_num_streams=len(audios), dtype=dtype, quantize=quantize) as engine:
+    with ASREngine(model_dir, device, max_num_streams=len(audios), dtype=dtype, quantize=quantize) as engine:
         return transcribe_streaming(engine, audios, lookahead)
 
 
@@ -49,21 +49,28 @@ def wer(texts: dict, refs: dict) -> float:
     return errors / sum(len(r.split()) for r in refs.values())
 
 
-def main() -> None:
-    report = {"fixtures": {}, "demo": {}}
+def fixture_agreement(modes: list[str], device: str = "cpu") -> dict[str, list[float]]:
+    """Agreement of each mode on `device` with float32 on CPU: both NeMo fixture models, every
+    lookahead mode, the three fixture wavs; one figure per (model, lookahead) per mode."""
+    out: dict[str, list[float]] = {}
     wavs = {p.stem: read_audio(p) for p in sorted((ROOT / "tests/fixtures/audio").glob("*.wav"))}
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("eou_tiny", "nemotron_tiny"):
             folder = Path(tmp) / name
             convert(str(ROOT / f"tests/fixtures/nemo/{name}.nemo"), folder)
             with ASREngine(folder) as probe:
-                modes = probe.lookahead_modes
-            for la in modes:
+                lookaheads = probe.lookahead_modes
+            for la in lookaheads:
                 ref = transcribe(folder, wavs, "float32", la)
-                for mode in MODES:
-                    agree = agreement(ref, transcribe(folder, wavs, mode, la))
-                    report["fixtures"].setdefault(mode, []).append(agree)
-                    print(f"{name} {la} {mode}: {agree:.4f}", flush=True)
+                for mode in modes:
+                    agree = agreement(ref, transcribe(folder, wavs, mode, la, device))
+                    out.setdefault(mode, []).append(agree)
+                    print(f"{name} {la} {mode} on {device}: {agree:.4f}", flush=True)
+    return out
+
+
+def main() -> None:
+    report = {"fixtures": fixture_agreement(list(MODES)), "demo": {}}
     sentences = json.loads(FIXTURE.read_text())
     items = {f"{s}/{k}": (item, k) for s in ("seen_voices", "heldout_voices") for k, item in enumerate(sentences[s])}
     audios = {n: synth(item, seed=k) for n, (item, k) in items.items()}

@@ -13,6 +13,8 @@ Glossary (one word per concept):
 - step: the chunks of the streams the Scheduler chose to run together (step.py).
 - stage: pre-encode, encode, decode: one thread each (pipeline.py).
 - round: within a step, one chunk of each of its streams through the encoder and the decoder.
+- batch: the chunks of one round in one lookahead mode: what the encoder and the decoder run at
+  once (step.py's `Batch`; on CUDA one replay of a captured graph each, cuda_graphs.py).
 - slot: a stream's row in the encoder cache and decoder state pools.
 - final: the client's end of input (`finalize`, `final_at`, `Status.FINALIZING`), and the
   stream's last result, which answers it (`StreamResult.is_final`).

@@ -7,6 +7,7 @@ import itertools
 import logging
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 
 from ..audio import SAMPLE_RATE, check_samples
-from ..host import stage_threads
+from ..host import free_memory, stage_threads
 from ..model.config import Lookahead
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
@@ -24,6 +25,7 @@ from .errors import EngineError, QueueFull
 from .inbox import Inbox
 from .info import EngineInfo
 from .model_runner import ModelRunner
+from .memory import plan_memory, slot_bytes, stream_bytes
 from .options import auto_num_streams
 from .pipeline import DEPTH, Pipeline, Stage
 from .results import DecoderProgress, ResultBuilder, StreamResult
@@ -50,20 +52,29 @@ class ASREngine:
         max_batch: int | None = None,
         latency_budget: float | None = None,
         threads: int | None = None,
+        cuda_graphs: bool | None = None,
     ):
+        """max_batch: most streams per step (default: every slot on CPU; sized to memory on CUDA,
+        memory.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA)."""
         self.device = torch.device(device)
         check_precision(self.device, parse_dtype(dtype), quantize)  # before any weights move
         if not isinstance(model, ParakeetModel):
             model = load_model(model, self.device)
         self.model = set_precision(model, dtype, quantize)
+        self.device = model.features.fb.device  # with its index: what CUDA calls need ("cuda" -> "cuda:0")
         self.default_lookahead = self._check_lookahead(lookahead or model.cfg.default_lookahead)
-        if max_num_streams == "auto":
+        if self.device.type == "cuda":
+            plan = plan_memory(free_memory(self.device), slot_bytes(model), stream_bytes(model),
+                               None if max_num_streams == "auto" else int(max_num_streams), max_batch)
+            max_num_streams, max_batch = plan.slots, plan.max_batch
+        elif max_num_streams == "auto":
             max_num_streams = auto_num_streams(model, self.device, model.encoder_dtype)
         if latency_budget is None:  # two chunks: a chunk may wait for others to share its step
             latency_budget = 2 * min(self.chunk_seconds(m) for m in self.lookahead_modes)
         self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_budget, self.sample_rate, max_batch,
                                    max_in_flight=DEPTH)
-        self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch)
+        self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch, cuda_graphs)
+        self.runner.capture()  # before the stage threads run: a capture must not overlap their work
         tok = model.tokenizer
         endpoint_frames = max(1, round(endpoint_seconds / model.frame_seconds))
         self.results = ResultBuilder(model.frame_seconds, tok.eou_id if tok else None, endpoint_frames)
@@ -206,12 +217,13 @@ class ASREngine:
         runner = self.runner
         team = stage_threads(self.device, encoder=True, threads=threads)
         alone = stage_threads(self.device, encoder=False, threads=threads)
+        enter = runner.streams.enter
         return Pipeline(
             schedule=self.scheduler.schedule,
             stages=[
-                Stage("pre-encode", lambda step: runner.pre_encode(step), alone),
-                Stage("encode", lambda step: runner.encode(step), team),
-                Stage("decode", self._decode, alone),
+                Stage("pre-encode", lambda step: runner.pre_encode(step), alone, partial(enter, "pre-encode")),
+                Stage("encode", lambda step: runner.encode(step), team, partial(enter, "encode")),
+                Stage("decode", self._decode, alone, partial(enter, "decode")),
             ],
             deliver=self._deliver,
             fail=self._fail,
@@ -227,7 +239,7 @@ class ASREngine:
             seq = item.seq
             for r, tokens in enumerate(item.tokens):
                 ready = item.ready_times[r] if r < len(item.ready_times) else item.final_at
-                result = self.results.build(seq.stream_id, seq.decoding, tokens, item.encoded[r].size(0), False, now - ready)
+                result = self.results.build(seq.stream_id, seq.decoding, tokens, item.frames[r], False, now - ready)
                 step.results.append((seq, result))
             if item.last:
                 step.results.append((seq, self.results.build(seq.stream_id, seq.decoding, [], 0, True, None)))

@@ -4,14 +4,21 @@ chunks, and FrontEnd, the per-stream state it keeps between steps.
 Chunks are cut exactly as NeMo's CacheAwareStreamingAudioBuffer cuts them, at the frame counts
 of ChunkSpec.frames_through; every window has the same size so that chunks of different
 streams (first chunks included) batch together.
+
+Per stream, only host arithmetic: its framing state (numpy), which rows of a step's features
+make its windows. The tensor work is a few operations per step, whatever the number of streams:
+the features of every stream at once (one copy of the samples to the device), then every
+window of one lookahead mode as one gather from the streams' features.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from ..model.device import to_device
 from ..model.conformer import ChunkSpec
 from ..model.features import FeatureStream, LogMelFeatures
 
@@ -38,60 +45,99 @@ class Window:
     length: int
 
 
-def add_features(features: LogMelFeatures, fronts: list[FrontEnd], samples: list[torch.Tensor],
+def add_features(features: LogMelFeatures, fronts: list[FrontEnd], samples: list[np.ndarray],
                  last: list[bool]) -> None:
     """Frame every stream's new samples (all that is left of them where `last`) and compute all
     their log-mel frames in one batch."""
-    raw = []
+    segments, counts = [], []
     for front, new, is_last in zip(fronts, samples, last):
-        frames = front.framing.push(new)
-        raw.append(torch.cat((frames, front.framing.flush())) if is_last else frames)
-    sizes = [r.size(0) for r in raw]
+        parts = [front.framing.push(np.asarray(new, np.float32))]
+        if is_last:
+            parts.append(front.framing.flush())
+        segments += parts
+        counts.append(sum(n for _, n in parts))
     fb = features.fb
-    if sum(sizes):
-        host = torch.cat(raw)
-        if fb.device.type == "cuda":  # pinned: the copy runs asynchronously
-            host = host.pin_memory()
-        mel = features.mel(host.to(fb.device, fb.dtype, non_blocking=True))
-    else:
-        mel = fb.new_zeros(0, fb.size(0))
-    for front, m, is_last in zip(fronts, mel.split(sizes), last):
+    mel = features.mel(features.frames(segments)) if sum(counts) else fb.new_zeros(0, fb.size(0))
+    for front, m, is_last in zip(fronts, mel.split(counts), last):
         if is_last:  # NeMo zero-masks the frames past samples // hop
             done = front.framing.frames_done - m.size(0)
             m[max(0, front.framing.valid_frames - done) :] = 0.0
         if front.mel is None:
             front.mel = m.new_zeros(0, front.n_mels)
             front.history = m.new_zeros(front.spec.pre_cache, front.n_mels)
-        front.mel = torch.cat((front.mel, m))
+        front.mel = torch.cat((front.mel, m)) if front.mel.size(0) else m
 
 
 def cut(front: FrontEnd, count: int, last: bool) -> list[Window]:
-    """The next `count` chunks; in the stream's last step, every chunk left, the partial last one too."""
-    out: list[Window] = []
-    while front.mel is not None and (last or len(out) < count):
-        window = _next(front, last)
-        if window is None:
+    """The next `count` chunks of one stream; in its last step, every chunk left, the partial last one too."""
+    return cut_all([front], [count], [last])[1][0]
+
+
+def cut_all(fronts: list[FrontEnd], counts: list[int], last: list[bool]) -> tuple[torch.Tensor | None, list[list[Window]]]:
+    """The next chunks of streams of one lookahead mode at once: every window as one tensor
+    [windows, spec.window, n_mels], round by round (each stream's first window, then each one's
+    second, ...), or None without any; and each stream's windows (rows of it)."""
+    plans = [_plan(front, count, is_last) for front, count, is_last in zip(fronts, counts, last)]
+    rounds = max((len(p) for p in plans), default=0)
+    if rounds == 0:
+        return None, [[] for _ in fronts]
+    # one source for every row: a zero row, then each stream's history and features not cut yet
+    like = next(front.mel for front, plan in zip(fronts, plans) if plan)
+    sources, base, rows_so_far = [like.new_zeros(1, like.size(1))], [], 1
+    for front, plan in zip(fronts, plans):
+        base.append(rows_so_far)
+        if plan:
+            sources += [front.history, front.mel]
+            rows_so_far += front.history.size(0) + front.mel.size(0)
+    source = torch.cat(sources)
+    rows, owners = [], []
+    for r in range(rounds):
+        for s, plan in enumerate(plans):
+            if r < len(plan):
+                rows.append(np.where(plan[r][0] >= 0, plan[r][0] + base[s], 0))
+                owners.append((s, plan[r][1], plan[r][2]))
+    frames = source[to_device(np.stack(rows), source.device)]
+    windows: list[list[Window]] = [[] for _ in fronts]
+    for row, (s, start, length) in enumerate(owners):
+        windows[s].append(Window(frames[row], start, length))
+    _advance(fronts, plans, source, base)
+    return frames, windows
+
+
+def _plan(front: FrontEnd, count: int, last: bool) -> list[tuple[np.ndarray, int, int, int]]:
+    """(rows, start, length, new frames) of each chunk to cut: rows index the stream's timeline, its
+    history then its features not yet cut, -1 for a zero row."""
+    out: list[tuple[np.ndarray, int, int, int]] = []
+    if front.mel is None:
+        return out
+    spec, have, offset = front.spec, front.mel.size(0), 0
+    pre = spec.pre_cache
+    while last or len(out) < count:
+        chunk = front.chunks_cut + len(out)
+        size = spec.size(chunk)
+        # NeMo's streaming buffer counts every frame it holds as valid (the zero-masked tail too)
+        if have - offset < size and not (last and have - offset >= spec.shortest_last(chunk)):
             break
-        out.append(window)
+        new = min(size, have - offset)
+        rows = np.full(spec.window, -1, np.int64)
+        if chunk == 0:
+            rows[spec.first_pad : spec.first_pad + new] = np.arange(pre, pre + new)
+            out.append((rows, spec.first_pad, new, new))
+        else:  # the previous `pre_cache` frames of the timeline, then its own
+            rows[: pre + new] = np.arange(offset, offset + pre + new)
+            out.append((rows, 0, pre + new, new))
+        offset += new
     return out
 
 
-def _next(front: FrontEnd, last: bool) -> Window | None:
-    spec, chunk = front.spec, front.chunks_cut
-    size, have = spec.size(chunk), front.mel.size(0)
-    # NeMo's streaming buffer counts every frame it holds as valid (the zero-masked tail too)
-    if have < size and not (last and have >= spec.shortest_last(chunk)):
-        return None
-    new = front.mel[:size]
-    frames = new.new_zeros(spec.window, front.n_mels)
-    if chunk == 0:
-        frames[spec.first_pad : spec.first_pad + new.size(0)] = new
-        start, length = spec.first_pad, new.size(0)
-    else:
-        frames[: spec.pre_cache] = front.history
-        frames[spec.pre_cache : spec.pre_cache + new.size(0)] = new
-        start, length = 0, spec.pre_cache + new.size(0)
-    front.history = torch.cat((front.history, new))[-spec.pre_cache :]
-    front.mel = front.mel[size:]
-    front.chunks_cut += 1
-    return Window(frames, start, length)
+def _advance(fronts: list[FrontEnd], plans: list, source: torch.Tensor, base: list[int]) -> None:
+    """After cutting: each stream's history is the `pre_cache` frames before what is left, the rest its features."""
+    cut_streams = [s for s, plan in enumerate(plans) if plan]
+    pre = fronts[0].spec.pre_cache
+    taken = {s: sum(new for *_, new in plans[s]) for s in cut_streams}
+    index = np.stack([base[s] + taken[s] + np.arange(pre) for s in cut_streams])
+    histories = source[to_device(index, source.device)].unbind(0)
+    for s, history in zip(cut_streams, histories):
+        front = fronts[s]
+        front.history, front.mel = history, front.mel[taken[s] :]
+        front.chunks_cut += len(plans[s])

@@ -1,75 +1,146 @@
-"""CUDA graphs of the encoder step at bucketed batch sizes.
+"""Static batches: a function over a batch of rows, replayed at a few fixed batch sizes from CUDA graphs.
 
-A batch-of-N step on a GPU is dominated by kernel launches (17-24 layers x ~40 kernels), so
-each batch size bucket (1, 2, 4, ... up to the slot count) is captured once as a graph and
-replayed with the step's inputs copied into its static tensors. Padding rows point at a
-scratch slot past the real ones with zero valid frames, so they touch no stream's cache.
-Any capture failure falls back to the eager step for that bucket (logged once).
+A step of a few hundred streams on a GPU is dominated by kernel launches (17-24 layers x ~40
+kernels for the encoder; a greedy decode is a loop of small kernels), so each function the
+runner calls per step (encoder layers, greedy decode; one of each per lookahead mode) is
+captured once per batch size of `graph_sizes` and replayed with the step's rows copied into
+its static inputs. Rules that keep it right:
+
+- Every graph is captured at start-up (`capture`), before the stage threads run, in
+  "thread_local" capture mode: a capture syncs the device and empties the caching allocator,
+  and in "global" mode another thread's allocation during a capture is an error.
+- The sizes of one function share one set of static tensors (views of the largest) and the
+  graphs of one CUDA stream share one memory pool (replays on one stream never overlap).
+- Rows past the batch (padding) get the values of `padding` (a zero length, the scratch slot
+  past the real ones), so they touch no stream's state.
+- What a call returns is a copy: the static output is overwritten by the next replay, which may
+  come before the caller reads it (the next round of a step, the next step's encode).
+- On CPU (`graphs=False`) the same bookkeeping runs with an eager stand-in for the replay, which
+  is how the tests check it without a GPU.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Callable, Iterator
 
 import torch
 
-from ..model.conformer import ConformerEncoder, EncoderCache
-
 log = logging.getLogger(__name__)
 
+Guard = Callable[[torch.Tensor], AbstractContextManager]
 
-def buckets(max_batch: int) -> list[int]:
-    sizes, b = [], 1
-    while b < max_batch:
-        sizes.append(b)
-        b *= 2
+
+def graph_sizes(max_batch: int, waste: float = 0.125) -> list[int]:
+    """Batch sizes to capture, up to `max_batch`: a batch of n rows runs at the next size up,
+    which pads it by less than `waste` of that size (powers of two would pad 513 rows to 1,024)."""
+    sizes, size = [], 1
+    while size < max_batch:
+        sizes.append(size)
+        size += max(1, int(size * waste))
     return sizes + [max_batch]
 
 
-class GraphedLayers:
-    """`encoder.stream_layers` for one lookahead mode, replayed from per-bucket CUDA graphs."""
+@contextmanager
+def if_node(pred: torch.Tensor) -> Iterator[None]:
+    """Under a capture: what runs inside is a conditional node, executed only where `pred` (a bool on
+    the device) is true at replay (CUDA >= 12.4)."""
+    graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
+    graph.begin_capture_to_if_node(pred)
+    try:
+        yield
+    finally:
+        graph.end_capture_to_conditional_node()
 
-    def __init__(self, encoder: ConformerEncoder, pool: EncoderCache, scratch_slot: int, mode, frames: int, max_batch: int):
-        self.encoder, self.pool, self.mode = encoder, pool, mode
-        self.scratch, self.frames = scratch_slot, frames
-        self.sizes = buckets(max_batch)
-        self._graphs: dict[int, tuple] = {}
-        self._failed: set[int] = set()
 
-    def __call__(self, x: torch.Tensor, lens: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        n = x.size(0)
-        size = next((b for b in self.sizes if b >= n), None)
-        if size is None or size in self._failed or x.size(1) != self.frames:
-            return self.encoder.stream_layers(x, lens, self.pool, slots, self.mode)
-        graph = self._graphs.get(size) or self._capture(size, x)
-        if graph is None:
-            return self.encoder.stream_layers(x, lens, self.pool, slots, self.mode)
-        g, sx, slens, sslots, out = graph
-        sx[:n].copy_(x)
-        slens[:n].copy_(lens)
-        slens[n:].zero_()
-        sslots[:n].copy_(slots)
-        sslots[n:].fill_(self.scratch)
-        g.replay()
-        return out[:n]
+def unconditional(pred: torch.Tensor):
+    """The guard where conditional nodes are missing: every iteration runs (on no active row it changes nothing)."""
+    return nullcontext()
 
-    def _capture(self, size: int, like: torch.Tensor):
-        dev = like.device
-        sx = torch.zeros(size, self.frames, like.size(2), device=dev, dtype=like.dtype)
-        slens = torch.zeros(size, dtype=torch.long, device=dev)
-        sslots = torch.full((size,), self.scratch, dtype=torch.long, device=dev)
-        try:
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):  # warm-up: memoised position tables, cuBLAS workspaces
-                self.encoder.stream_layers(sx, slens, self.pool, sslots, self.mode)
-            torch.cuda.current_stream(dev).wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out = self.encoder.stream_layers(sx, slens, self.pool, sslots, self.mode)
-        except RuntimeError as exc:
-            log.warning("CUDA graph capture failed for batch %d (%s); running that size eagerly", size, exc)
-            self._failed.add(size)
-            return None
-        self._graphs[size] = (g, sx, slens, sslots, out)
-        return self._graphs[size]
+
+def loop_guard(device: torch.device) -> Guard:
+    """`if_node` where this CUDA build and driver capture conditional nodes (probed on a tiny graph), else
+    `unconditional`."""
+    try:
+        flag = torch.ones((), dtype=torch.bool, device=device)
+        x = torch.zeros(1, device=device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with if_node(flag):
+                x.add_(1)
+        graph.replay()
+        flag.fill_(False)
+        graph.replay()
+        if x.item() == 1.0:
+            return if_node
+    except (RuntimeError, AttributeError) as exc:
+        log.warning("CUDA graphs without conditional nodes (%s): decode loops run every iteration", exc)
+    return unconditional
+
+
+class StaticBatches:
+    """`fn(*inputs, guard=...)` over row batches, at the sizes of `graph_sizes(max_batch)`.
+
+    `inputs(n)` makes example inputs of n rows (their shapes and dtypes are the static ones);
+    `padding` gives, per input, the value of padding rows (None: left as they are). `fn` returns one
+    tensor with a row per input row; `guard` is what it wraps a data-dependent loop's iterations in.
+    """
+
+    def __init__(self, name: str, fn: Callable, inputs: Callable[[int], tuple[torch.Tensor, ...]],
+                 padding: tuple, max_batch: int, graphs: bool, pool=None):
+        self.name, self.fn, self.padding, self.graphs, self.pool = name, fn, padding, graphs, pool
+        self.sizes = graph_sizes(max_batch)
+        self.static = tuple(t.clone() for t in inputs(max_batch))
+        for t, pad in zip(self.static, padding):
+            if pad is not None:
+                t.fill_(pad)
+        self.out: torch.Tensor | None = None
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.replays = self.eager_calls = 0
+
+    def capture(self, guard: Guard = if_node) -> None:
+        """Every size, largest first (the static output is sized by the largest)."""
+        for size in reversed(self.sizes):
+            self._capture(size, guard)
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        n = inputs[0].size(0)
+        size = next((s for s in self.sizes if s >= n), None)
+        if size is None or self.out is None:  # beyond the largest size, or before `capture`: eager
+            self.eager_calls += 1
+            return self.fn(*inputs, guard=None)
+        for static, value, pad in zip(self.static, inputs, self.padding):
+            static[:n].copy_(value, non_blocking=True)
+            if pad is not None:
+                static[n:size].fill_(pad)
+        self._replay(size)
+        self.replays += 1
+        return self.out[:n].clone()
+
+    def _replay(self, size: int) -> None:
+        if self.graphs:
+            self._graphs[size].replay()
+        else:  # the eager stand-in: the same static tensors in and out, the same fixed-shape loops
+            self.out[:size].copy_(self.fn(*(t[:size] for t in self.static), guard=unconditional))
+
+    def _capture(self, size: int, guard: Guard) -> None:
+        views = tuple(t[:size] for t in self.static)
+        if not self.graphs:
+            self._keep(size, self.fn(*views, guard=unconditional))
+            return
+        device = self.static[0].device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up, the captured ops: memoised tables, cuBLAS workspaces, lazy loads
+            self._keep(size, self.fn(*views, guard=unconditional))
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            self.out[:size].copy_(self.fn(*views, guard=guard))
+        self._graphs[size] = graph
+
+    def _keep(self, size: int, result: torch.Tensor) -> None:
+        if self.out is None:
+            self.out = result.new_zeros((self.static[0].size(0),) + tuple(result.shape[1:]))
+        self.out[:size].copy_(result)

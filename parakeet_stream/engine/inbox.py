@@ -7,7 +7,6 @@ import time
 from collections import deque
 
 import numpy as np
-import torch
 
 from ..model.conformer import ChunkSpec
 
@@ -100,8 +99,8 @@ class Inbox:
             return [self._ready_times.popleft() for _ in range(min(n, len(self._ready_times)))]
 
     # --- the pre-encode stage ---------------------------------------------------------------
-    def take_samples(self, upto: int | None = None) -> torch.Tensor:
+    def take_samples(self, upto: int | None = None) -> np.ndarray:
         """Samples not taken yet, up to the `upto`-th of the stream (all when None)."""
         with self._lock:
             taken = self.samples_in - len(self._samples)
-            return torch.from_numpy(self._samples.take(None if upto is None else max(0, upto - taken)))
+            return self._samples.take(None if upto is None else max(0, upto - taken))

@@ -1,105 +1,189 @@
 """The ModelRunner: the model and its state pools; it runs a step's stages and nothing else.
 
-pre-encode: features and subsampling of every chunk in the step, one batch per lookahead mode;
-encode: cache-aware encoder rounds (one chunk per stream per round) over the slot pool;
-decode: one batched greedy RNN-T pass per round.
-Each stage adds its output to the step's items (step.py). As nano-vllm's ModelRunner.run, it
-decides nothing (the Scheduler chose the step) and delivers nothing (the engine turns tokens
-into results and publishes them). On CUDA, encoder steps replay CUDA graphs (cuda_graphs.py).
+pre-encode: features and subsampling of every chunk in the step, one batch per lookahead mode,
+  cut into the step's batches (one per round and mode, step.py);
+encode: the cache-aware encoder layers over each batch, against the slot pool;
+decode: one greedy RNN-T pass per batch (label looping, model/greedy.py); the step's tokens come
+  to the host in one copy.
+As nano-vllm's ModelRunner.run, it decides nothing (the Scheduler chose the step) and delivers
+nothing (the engine turns tokens into results and publishes them). On CUDA each stage runs on
+its own stream (streams.py), the encoder layers and the greedy pass replay CUDA graphs captured
+at start-up (cuda_graphs.py), and the host never waits for the device but for the step's tokens.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable
+from contextlib import nullcontext
+from functools import partial
 
+import numpy as np
 import torch
 
+from ..model.device import to_device
+from ..model.config import Lookahead
 from ..model.conformer import EncoderCache
+from ..model.greedy import GreedyPass, unpack
 from ..model.parakeet import ParakeetModel
 from ..model.rnnt import DecoderState
 from . import chunker
-from .cuda_graphs import GraphedLayers
-from .step import Step, StepItem
+from .chunker import Window
+from .cuda_graphs import StaticBatches, loop_guard, unconditional
+from .step import Batch, Step, StepItem
+from .streams import StageStreams
+
+STAGES = ["pre-encode", "encode", "decode"]
 
 
 class ModelRunner:
-    def __init__(self, model: ParakeetModel, slots: int, max_batch: int):
+    def __init__(self, model: ParakeetModel, slots: int, max_batch: int, graphs: bool | None = None):
+        """graphs: replay the encoder and the decoder from static batches (default: on CUDA, as CUDA
+        graphs; True on CPU runs their eager stand-in, to test the bookkeeping)."""
         self.model = model
         self.device = model.features.fb.device
         self.slots, self.max_batch = slots, max_batch
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.cache, self.decoder_state = self.allocate_pools(slots)
-        self._graphed: dict = {}  # lookahead mode -> GraphedLayers (CUDA only)
+        self.streams = StageStreams(self.device, STAGES)
+        self.encoders: dict[Lookahead, StaticBatches] = {}
+        self.decoders: dict[Lookahead, StaticBatches] = {}
+        if self.graphs:
+            self._static_batches()
 
     def allocate_pools(self, slots: int) -> tuple[EncoderCache, DecoderState]:
         """Encoder caches and decoder states of every slot, allocated once as [layers, slots, ...]
-        (on CUDA one more: the scratch slot that padding rows of graphed steps write to)."""
-        extra = 1 if self.device.type == "cuda" else 0
-        cache = EncoderCache.zeros(self.model.cfg.encoder, slots + extra, self.device, self.model.encoder_dtype)
-        return cache, self.model.decoder.state_pool(slots, self.device)
+        (with static batches one more: the scratch slot, index `slots`, that padding rows write to)."""
+        rows = slots + (1 if self.graphs else 0)
+        cache = EncoderCache.zeros(self.model.cfg.encoder, rows, self.device, self.model.encoder_dtype)
+        return cache, self.model.decoder.state_pool(rows, self.device)
+
+    def capture(self) -> None:
+        """Capture every CUDA graph (every mode, every size), before the stage threads start."""
+        guard = loop_guard(self.device) if self.device.type == "cuda" else unconditional
+        with torch.inference_mode(), _on(self.device):
+            for static in [*self.encoders.values(), *self.decoders.values()]:
+                static.capture(guard)
 
     # --- stages ----------------------------------------------------------------------------
     def pre_encode(self, step: Step) -> None:
         live = [item for item in step if item.live]
         samples = [item.seq.inbox.take_samples(item.samples_upto) for item in live]
         chunker.add_features(self.model.features, [i.seq.front for i in live], samples, [i.last for i in live])
-        windows = [(item, w) for item in live for w in chunker.cut(item.seq.front, item.chunks, item.last)]
-        dtype = self.model.encoder_dtype
-        for mode, group in _by_mode(windows, lambda p: p[0].seq.lookahead).items():
-            feats = torch.stack([w.frames for _, w in group]).to(self.device, dtype)
-            lengths = torch.tensor([w.length for _, w in group], device=self.device)
-            start = torch.tensor([w.start for _, w in group], device=self.device)
-            x, lens = self.model.encoder.stream_pre_encode(feats, lengths, start, mode)
-            for (item, _), xi, n in zip(group, x, lens.tolist()):
-                item.pre.append((xi, n))
+        by_mode: dict = defaultdict(list)
+        for item in live:
+            by_mode[item.seq.lookahead].append(item)
+        batches = []
+        for mode, items in by_mode.items():
+            frames, windows = chunker.cut_all([i.seq.front for i in items], [i.chunks for i in items],
+                                              [i.last for i in items])
+            if frames is None:
+                continue
+            rows = [(r, item, ws[r]) for r in range(max(map(len, windows)))  # frames' order: round by round
+                    for item, ws in zip(items, windows) if r < len(ws)]
+            x = self._subsample(mode, frames, [w for _, _, w in rows])
+            start = 0
+            for r in range(rows[-1][0] + 1):
+                end = start
+                while end < len(rows) and rows[end][0] == r:
+                    end += 1
+                batches.append((r, self._batch(mode, rows[start:end], x[start:end])))
+                start = end
+        step.batches = [batch for _, batch in sorted(batches, key=lambda rb: rb[0])]
+        self.streams.hand_on(step, "encode")
 
     def encode(self, step: Step) -> None:
-        live = [item for item in step if item.live]
-        first = [item.slot for item in live if item.first]
+        self.streams.follow(step)
+        first = [item.slot for item in step if item.first and item.live]
         if first:
-            self.cache.reset(torch.tensor(first, device=self.device))
-        for r in range(max((len(i.pre) for i in live), default=0)):
-            for mode, group in _by_mode([i for i in live if len(i.pre) > r], lambda i: i.seq.lookahead).items():
-                x = torch.stack([i.pre[r][0] for i in group])
-                lens = torch.tensor([i.pre[r][1] for i in group], device=self.device)
-                slots = torch.tensor([i.slot for i in group], device=self.device)
-                enc = self._stream_layers(x, lens, slots, mode)
-                for item, e in zip(group, enc):
-                    item.encoded.append(e[: item.pre[r][1]])
+            self.cache.reset(self._index(first))
+        for batch in step.batches:
+            static = self.encoders.get(batch.mode)
+            args = (batch.x, batch.lengths, batch.slots)
+            batch.encoded = static(*args) if static else self._layers(*args, mode=batch.mode)
+        self.streams.hand_on(step, "decode")
 
     def decode(self, step: Step) -> None:
-        """One greedy pass per encoder round, so every chunk gets its own tokens, as NeMo's steps do."""
-        live = [item for item in step if item.live]
-        first = [item.slot for item in live if item.first]
+        """One greedy pass per batch, so every chunk gets its own tokens, as NeMo's steps do."""
+        self.streams.follow(step)
+        first = [item.slot for item in step if item.first and item.live]
         if first:
-            self.decoder_state.reset(torch.tensor(first, device=self.device))
-        for r in range(max((len(i.encoded) for i in live), default=0)):
-            group = [i for i in live if len(i.encoded) > r]
-            for item, tokens in zip(group, self._greedy(group, r)):
-                item.tokens.append(tokens)
+            self.decoder_state.reset(self._index(first))
+        packed = []
+        for batch in step.batches:
+            static = self.decoders.get(batch.mode)  # its static input is float32: the copy in casts
+            enc = batch.encoded if static else batch.encoded.float()
+            packed.append((static or self._greedy)(enc, batch.lengths, batch.slots))
+        for batch, rows in zip(step.batches, self._fetch(packed)):
+            for item, found in zip(batch.items, unpack(rows)):
+                item.tokens.append(found)
 
     # --- internals ---------------------------------------------------------------------------
-    def _stream_layers(self, x, lens, slots, mode) -> torch.Tensor:
-        if self.device.type != "cuda":
-            return self.model.encoder.stream_layers(x, lens, self.cache, slots, mode)
-        graphed = self._graphed.get(mode)
-        if graphed is None:
-            graphed = GraphedLayers(self.model.encoder, self.cache, self.slots, mode, x.size(1), self.max_batch)
-            self._graphed[mode] = graphed
-        return graphed(x, lens, slots)
+    def _subsample(self, mode: Lookahead, frames: torch.Tensor, windows: list[Window]) -> torch.Tensor:
+        """Pre-encode of every window of one mode, at most max_batch windows per call (memory)."""
+        feats = frames.to(self.model.encoder_dtype)
+        lengths = self._index([w.length for w in windows])
+        start = self._index([w.start for w in windows])
+        parts = [self.model.encoder.stream_pre_encode(feats[i : i + self.max_batch], lengths[i : i + self.max_batch],
+                                                      start[i : i + self.max_batch], mode)[0]
+                 for i in range(0, len(windows), self.max_batch)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _greedy(self, items: list[StepItem], r: int) -> list[list[tuple[int, int]]]:
-        slots = torch.tensor([i.slot for i in items], device=self.device)
-        enc = torch.nn.utils.rnn.pad_sequence([i.encoded[r] for i in items], batch_first=True).float()
-        lens = torch.tensor([i.encoded[r].size(0) for i in items], device=self.device)
-        emission, state = self.model.decoder.decode(enc, lens, self.decoder_state.gather(slots))
-        self.decoder_state.scatter(slots, state)
-        return emission.per_stream(len(items))
+    def _batch(self, mode: Lookahead, rows: list[tuple[int, StepItem, Window]], x: torch.Tensor) -> Batch:
+        items = [item for _, item, _ in rows]
+        frames = [self.model.encoder.stream_frames(w.start, w.length, mode) for _, _, w in rows]
+        for item, n in zip(items, frames):
+            item.frames.append(n)
+        return Batch(mode, items, x, self._index(frames), self._index([item.slot for item in items]))
+
+    def _layers(self, x, lengths, slots, mode: Lookahead, guard=None) -> torch.Tensor:
+        return self.model.encoder.stream_layers(x, lengths, self.cache, slots, mode)
+
+    def _greedy(self, enc, lengths, slots, guard=None) -> torch.Tensor:
+        """The greedy pass of the streams at `slots`, their decoder state carried in the pool; packed labels."""
+        done = GreedyPass(self.model.decoder, enc, lengths, self.decoder_state.gather(slots)).run(guard)
+        self.decoder_state.scatter(slots, DecoderState(*done.state()))
+        return done.packed()
+
+    def _static_batches(self) -> None:
+        """The encoder layers and the greedy pass of every mode as static batches; the graphs of each
+        stage share one memory pool (a stage's replays never overlap: they run on its one stream)."""
+        cuda = self.device.type == "cuda"
+        pools = {stage: torch.cuda.graph_pool_handle() if cuda else None for stage in ("encode", "decode")}
+        d, scratch = self.model.cfg.encoder.d_model, self.slots
+        for mode in self.model.cfg.encoder.att_context_sizes:
+            frames = self.model.encoder.chunk_spec(mode).out_frames
+
+            def inputs(n: int, dtype: torch.dtype, frames=frames):
+                rows = torch.zeros(n, dtype=torch.long, device=self.device)
+                return torch.zeros(n, frames, d, device=self.device, dtype=dtype), rows, rows.clone()
+
+            padding = (None, 0, scratch)  # padding rows: no valid frame, the scratch slot
+            self.encoders[mode] = StaticBatches(f"encode {mode}", partial(self._layers, mode=mode),
+                                                partial(inputs, dtype=self.model.encoder_dtype), padding,
+                                                self.max_batch, cuda, pools["encode"])
+            self.decoders[mode] = StaticBatches(f"decode {mode}", self._greedy, partial(inputs, dtype=torch.float32),
+                                                padding, self.max_batch, cuda, pools["decode"])
+
+    def _index(self, values: list[int]) -> torch.Tensor:
+        """Host integers on the device, without a blocking copy."""
+        return to_device(torch.tensor(values, dtype=torch.long), self.device)
+
+    def _fetch(self, packed: list[torch.Tensor]) -> list[np.ndarray]:
+        """Every batch's packed labels on the host: one copy and one wait for the whole step."""
+        if not packed:
+            return []
+        flat = torch.cat([p.flatten() for p in packed])
+        if self.device.type == "cuda":
+            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            host.copy_(flat, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+            copied.synchronize()
+            flat = host
+        parts = np.split(flat.numpy(), np.cumsum([p.numel() for p in packed])[:-1])
+        return [part.reshape(p.shape) for part, p in zip(parts, packed)]
 
 
-def _by_mode(items: list, mode_of: Callable) -> dict:
-    """Items grouped by lookahead mode: shapes differ between modes."""
-    groups: dict = defaultdict(list)
-    for item in items:
-        groups[mode_of(item)].append(item)
-    return groups
+def _on(device: torch.device):
+    """The device as CUDA's current one (what the graphs capture on); nothing on CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()

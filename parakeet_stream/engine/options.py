@@ -20,7 +20,8 @@ from ..model.precision import DTYPES, QUANTIZE
 def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     """The engine's speed options."""
     ap.add_argument("--dtype", default="float32", choices=list(DTYPES),
-                    help="encoder precision (default float32: token-exact with NeMo; bfloat16 pays on CPUs with avx512_bf16/AMX)")
+                    help="encoder precision (default float32: token-exact with NeMo; bfloat16 pays on CPUs with avx512_bf16/AMX "
+                         "and is the one for GPUs from A100/H100 on)")
     ap.add_argument("--quantize", default=None, choices=QUANTIZE, help="dynamic int8 encoder matmuls (CPU only)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads per model stage on CPU (default: usable cores)")
     ap.add_argument("--lookahead", "--att-context-size", type=_lookahead, default=None,

@@ -32,6 +32,7 @@ class Stage:
     name: str
     run: Callable[[Step], None]
     threads: int | None = None  # intra-op threads of its thread (None: torch's default)
+    setup: Callable[[], None] | None = None  # first thing in its thread (CUDA: the device and the stage's stream)
 
 
 class Pipeline:
@@ -60,6 +61,8 @@ class Pipeline:
     def _loop(self, stage: Stage, take: Callable, out: queue.Queue | None) -> None:
         if stage.threads is not None:  # per thread: on CPU each thread has its own OpenMP team
             torch.set_num_threads(stage.threads)
+        if stage.setup is not None:
+            stage.setup()
         while True:
             step = take()
             if step is None or step is _STOP:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from ..model.config import Lookahead
 from .results import StreamResult
 from .sequence import DEAD, Sequence
 
@@ -22,8 +24,7 @@ class StepItem:
     ready_times: list[float]  # arrival of the last sample each ready chunk needed
     final_at: float | None  # the client's final: the deadline's start for chunks cut at the end
     samples_upto: int | None  # samples of the stream its chunks need (None: all, in its last step)
-    pre: list[tuple[torch.Tensor, int]] = field(default_factory=list)  # pre-encode: (x, valid frames) per chunk
-    encoded: list[torch.Tensor] = field(default_factory=list)  # encode: encoder frames per chunk
+    frames: list[int] = field(default_factory=list)  # pre-encode: valid encoder frames per chunk
     tokens: list[list[tuple[int, int]]] = field(default_factory=list)  # decode: (id, frame in chunk) per chunk
 
     @property
@@ -32,11 +33,29 @@ class StepItem:
 
 
 @dataclass
+class Batch:
+    """The chunks of one round of a step in one lookahead mode, a row per stream: what the
+    encoder and the decoder each run at once. Pre-encode makes it; encode adds `encoded`."""
+
+    mode: Lookahead
+    items: list[StepItem]
+    x: torch.Tensor  # pre-encoded chunks [rows, T, D]
+    lengths: torch.Tensor  # [rows] valid frames, on the device (the host's are the items' `frames`)
+    slots: torch.Tensor  # [rows] on the device
+    encoded: torch.Tensor | None = None  # [rows, T, D]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.x, self.lengths, self.slots, self.encoded) if t is not None]
+
+
+@dataclass
 class Step:
     items: list[StepItem]
     started: float
     seconds: dict[str, float] = field(default_factory=dict)  # time spent in each stage
+    batches: list[Batch] = field(default_factory=list)  # pre-encode: round by round, each round's modes
     results: list[tuple[Sequence, StreamResult]] = field(default_factory=list)  # built after decode
+    done: Any = None  # CUDA: the event after the last stage's work on it (streams.py)
 
     def __iter__(self):
         return iter(self.items)

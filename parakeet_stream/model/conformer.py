@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from .attention import RelPositionSelfAttention, chunked_limited_allowed, relative_positions
 from .config import EncoderConfig, Lookahead
-from .subsampling import CausalSubsampling
+from .subsampling import CausalSubsampling, conv_out_length
 
 
 @dataclass(frozen=True)
@@ -223,6 +223,11 @@ class ConformerEncoder(nn.Module):
         spec = self.chunk_spec(lookahead)
         x, lens, first = self.pre_encode(feats, lengths, start)
         return x[:, spec.drop :], (first + lens - spec.drop).clamp(min=0)
+
+    def stream_frames(self, start: int, length: int, lookahead: Lookahead) -> int:
+        """The valid frames `stream_pre_encode` gives a chunk whose mel frames [start, start + length)
+        are valid: its returned length, known on the host without a copy from the device."""
+        return max(0, conv_out_length(start + length, self.pre_encode.stages) - self.chunk_spec(lookahead).drop)
 
     def stream_layers(self, x, lens, pool: EncoderCache, slots: torch.Tensor, lookahead: Lookahead):
         """The conformer layers over one pre-encoded chunk per stream; streams' caches live in

@@ -1,7 +1,8 @@
-"""Checking a --device before any weights move to it."""
+"""Checking a --device before any weights move to it, and moving host values to it."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .errors import DeviceError
@@ -29,3 +30,12 @@ def check_device(device: str | torch.device) -> torch.device:
 def _backend_available(kind: str) -> bool:
     backend = getattr(torch, kind, None) or getattr(torch.backends, kind, None)
     return bool(backend is not None and getattr(backend, "is_available", lambda: False)())
+
+
+def to_device(values: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host values on `device` without the host waiting: on CUDA through pinned memory, the copy
+    queued on the current stream (a copy from pageable memory may wait for the stream's work)."""
+    host = torch.as_tensor(values)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)

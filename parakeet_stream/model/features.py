@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .device import to_device
 from .config import FeatureConfig
 
 
@@ -64,17 +65,40 @@ class LogMelFeatures(nn.Module):
             mag = mag.pow(cfg.mag_power)
         return torch.log(torch.matmul(mag, self.fb.t()) + cfg.log_guard)
 
-    def emphasise(self, samples: torch.Tensor, previous: torch.Tensor | None = None) -> torch.Tensor:
-        """Pre-emphasis y[n] = x[n] - a * x[n-1]; `previous` is the sample before `samples` ([B])."""
+    def emphasise(self, samples: np.ndarray, previous: float | None = None) -> np.ndarray:
+        """Pre-emphasis y[n] = x[n] - a * x[n-1] (float32, on the host); `previous` is the sample before
+        `samples` (None: the first one is kept as it is)."""
         a = self.cfg.preemph
-        if a == 0.0:
+        if a == 0.0 or not samples.size:
             return samples
-        prev = samples[..., :1] if previous is None else previous.reshape(samples.shape[:-1] + (1,))
-        shifted = torch.cat((prev, samples[..., :-1]), dim=-1)
-        out = samples - a * shifted
+        shifted = np.empty_like(samples)
+        shifted[0] = samples[0] if previous is None else previous
+        shifted[1:] = samples[:-1]
+        out = samples - np.float32(a) * shifted
         if previous is None:
-            out[..., 0] = samples[..., 0]
+            out[0] = samples[0]
         return out
+
+    def frames(self, segments: list[tuple[np.ndarray, int]]) -> torch.Tensor:
+        """FeatureStream segments -> their frames [F, n_fft] where the features are computed. The
+        samples cross to the device in one copy (pinned on CUDA, not blocking) with the frames'
+        places, and frames are cut there: on the host they would weigh up to 3x the samples.
+        Each segment starts at a multiple of hop, so every frame is a row of one strided view."""
+        n_fft, hop = self.cfg.n_fft, self.cfg.hop_length
+        counts = np.array([count for _, count in segments], dtype=np.int64)
+        total = int(counts.sum())
+        if total == 0:
+            return torch.zeros(0, n_fft, device=self.fb.device)
+        spans = np.array([-(-seg.size // hop) for seg, _ in segments], dtype=np.int64)  # in hops
+        first = np.cumsum(spans) - spans
+        rows = np.repeat(first, counts) + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        packed = np.zeros(int(spans.sum()) * hop + total, np.float32)
+        for (seg, _), at in zip(segments, first * hop):
+            packed[at : at + seg.size] = seg
+        packed[packed.size - total :] = rows.astype(np.int32).view(np.float32)
+        packed = to_device(packed, self.fb.device)
+        samples, rows = packed[: packed.numel() - total], packed[packed.numel() - total :].view(torch.int32)
+        return samples.unfold(0, n_fft, hop).index_select(0, rows.long())
 
     def num_frames(self, n_samples: int) -> tuple[int, int]:
         """(valid frames, total frames incl. NeMo's zero-masked tail) for a whole utterance."""
@@ -85,26 +109,25 @@ class LogMelFeatures(nn.Module):
         return valid, total
 
     def forward(self, samples: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Whole utterance [N] -> (features [valid, n_mels], valid frame count)."""
+        """Whole utterance [N] (on the host) -> (features [valid, n_mels], valid frame count)."""
         stream = FeatureStream(self)
-        frames = torch.cat((stream.push(samples), stream.flush()))
+        frames = self.frames([stream.push(samples.numpy()), stream.flush()])
         valid = stream.valid_frames
         return self.mel(frames[:valid].to(self.fb.dtype)), valid
 
 
 class FeatureStream:
-    """Incremental framing of one stream: push samples, get every complete emphasised frame.
-
-    Frames come back as raw [F, n_fft] sample windows so that many streams' frames can go
-    through `LogMelFeatures.mel` in one batch.
+    """Incremental framing of one stream, on the host: push samples, get back the emphasised samples
+    that hold every newly complete frame (a segment), so that many streams' frames go through
+    `LogMelFeatures.frames` and `mel` in one batch.
     """
 
     def __init__(self, features: LogMelFeatures):
         self.cfg = features.cfg
         self.emphasise = features.emphasise
         self.num_frames = features.num_frames
-        self.buffer = torch.zeros(self.cfg.n_fft // 2)  # centred STFT: zero padding on the left
-        self.last_sample: torch.Tensor | None = None
+        self.buffer = np.zeros(self.cfg.n_fft // 2, np.float32)  # centred STFT: zero padding on the left
+        self.last_sample: float | None = None
         self.n_samples = 0
         self.frames_done = 0
 
@@ -113,36 +136,36 @@ class FeatureStream:
         """Frames NeMo counts as valid for the samples pushed so far (final once the stream ends)."""
         return self.num_frames(self.n_samples)[0]
 
-    def _take(self, n: int) -> torch.Tensor:
+    def _take(self, n: int) -> tuple[np.ndarray, int]:
+        """The next n frames as (segment, n): frame j of them is segment[j * hop : j * hop + n_fft]."""
         cfg = self.cfg
         if n <= 0:
-            return torch.zeros(0, cfg.n_fft)
-        used = cfg.n_fft + cfg.hop_length * (n - 1)
-        out = self.buffer[:used].unfold(0, cfg.n_fft, cfg.hop_length)
+            return np.zeros(0, np.float32), 0
+        segment = self.buffer[: cfg.n_fft + cfg.hop_length * (n - 1)]
         self.buffer = self.buffer[n * cfg.hop_length :]
         self.frames_done += n
-        return out
+        return segment, n
 
-    def push(self, samples: torch.Tensor) -> torch.Tensor:
-        """Append float32 samples [N]; returns the newly complete frames [F, n_fft]."""
-        if samples.numel():
-            self.buffer = torch.cat((self.buffer, self.emphasise(samples, self.last_sample)))
-            self.last_sample = samples[-1:]
-            self.n_samples += samples.numel()
+    def push(self, samples: np.ndarray) -> tuple[np.ndarray, int]:
+        """Append float32 samples [N]; returns the segment of the newly complete frames and their count."""
+        if samples.size:
+            self.buffer = np.concatenate((self.buffer, self.emphasise(samples, self.last_sample)))
+            self.last_sample = samples[-1]
+            self.n_samples += samples.size
         ready = 0
-        if self.buffer.numel() >= self.cfg.n_fft:
-            ready = (self.buffer.numel() - self.cfg.n_fft) // self.cfg.hop_length + 1
+        if self.buffer.size >= self.cfg.n_fft:
+            ready = (self.buffer.size - self.cfg.n_fft) // self.cfg.hop_length + 1
         return self._take(ready)
 
-    def flush(self) -> torch.Tensor:
+    def flush(self) -> tuple[np.ndarray, int]:
         """End of stream: the remaining frames up to NeMo's total count (zero-padded samples).
 
         Frames from index `valid_frames` on are zero-masked by NeMo; the caller zeroes their features.
         """
         cfg = self.cfg
         if self.n_samples == 0:  # no audio at all: nothing to transcribe
-            return torch.zeros(0, cfg.n_fft)
+            return np.zeros(0, np.float32), 0
         need = self.num_frames(self.n_samples)[1] - self.frames_done
         total = cfg.n_fft + cfg.hop_length * (need - 1)
-        self.buffer = nn.functional.pad(self.buffer, (0, max(0, total - self.buffer.numel())))
+        self.buffer = np.pad(self.buffer, (0, max(0, total - self.buffer.size)))
         return self._take(need)

@@ -1,0 +1,40 @@
+"""The stage threads' CUDA streams: each stage queues its kernels on its own stream, and a step's
+stages follow each other through an event the previous stage recorded on it. So the device runs
+one step's decode beside the next one's encode, and no stage waits on the host for another.
+
+On CPU there is nothing to order: every method does nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .step import Step
+
+
+class StageStreams:
+    def __init__(self, device: torch.device, stages: list[str]):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._streams = {name: torch.cuda.Stream(device) for name in stages} if self.cuda else {}
+
+    def enter(self, stage: str) -> None:
+        """First thing in a stage's thread: the engine's device (not device 0) and the stage's stream."""
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+            torch.cuda.set_stream(self._streams[stage])
+
+    def follow(self, step: Step) -> None:
+        """Before a stage's work on `step`: its kernels queue behind the previous stage's."""
+        if self.cuda and step.done is not None:
+            torch.cuda.current_stream(self.device).wait_event(step.done)
+
+    def hand_on(self, step: Step, to: str) -> None:
+        """After a stage's work on `step`: the next stage (`to`) may follow. The step's tensors are
+        marked as used on its stream, so the allocator does not reuse them under its kernels."""
+        if self.cuda:
+            for batch in step.batches:
+                for t in batch.tensors():
+                    t.record_stream(self._streams[to])
+            step.done = torch.cuda.Event()
+            step.done.record(torch.cuda.current_stream(self.device))

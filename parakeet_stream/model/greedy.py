@@ -1,0 +1,130 @@
+"""Label-looping greedy RNN-T: every stream of a batch looks for its next label at once, in fixed
+shapes, with no host sync inside the loop.
+
+One iteration, for every stream of the batch: the joint over the next `window` frames from the
+stream's position (all with its current prediction-network output), the first of them whose best
+label is not blank, that label emitted, and the prediction network run on the whole batch and kept
+only where a label was emitted (masked updates). A stream that emitted `max_symbols` labels on one
+frame moves on to the next, as NeMo's greedy decoding does. Each (frame, state) pair scored is one
+the frame-by-frame greedy loop scores, so the labels and their frames are the same.
+
+Shapes never depend on the data: on a GPU a whole pass is captured in a CUDA graph (the loop
+unrolled to `max_iterations`, each iteration under a conditional node on `active.any()`, see
+engine/cuda_graphs.py); on CPU it runs eagerly until no stream is active.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import AbstractContextManager
+from typing import Callable
+
+import numpy as np
+import torch
+
+# Frames scored per stream per iteration by default: a whole streaming chunk (at most 14 encoder
+# frames in NVIDIA's modes), while a long utterance does not score all its frames per label.
+WINDOW = 16
+
+
+class GreedyPass:
+    """One greedy pass over a batch of encoder outputs; every field is updated in place."""
+
+    def __init__(self, decoder, enc: torch.Tensor, lengths: torch.Tensor, state, window: int | None = None):
+        """decoder: rnnt.GreedyDecoder; enc [B, T, D] (float32), valid frames `lengths` [B] (<= T);
+        state: the streams' rnnt.DecoderState before it; `window`: frames scored per stream per
+        iteration (default: up to WINDOW)."""
+        self.decoder, self.lengths = decoder, lengths
+        self.f = decoder.joint.enc(enc)
+        b, frames = self.f.shape[:2]
+        self.window = max(1, min(window or WINDOW, frames))
+        dev = self.f.device
+        self.rows, self.offsets = torch.arange(b, device=dev), torch.arange(self.window, device=dev)
+        self.max_tokens = frames * decoder.cfg.max_symbols
+        # each iteration emits a label or moves a stream a whole window on
+        self.max_iterations = self.max_tokens + math.ceil(frames / self.window)
+        self.t = torch.zeros(b, dtype=torch.long, device=dev)  # the frame each stream looks from
+        self.symbols = torch.zeros_like(self.t)  # labels emitted at frame t
+        self.count = torch.zeros_like(self.t)  # labels emitted in this pass
+        # labels and their frames; column max_tokens takes the writes of streams that emitted nothing
+        self.token = torch.zeros(b, self.max_tokens + 1, dtype=torch.long, device=dev)
+        self.frame = torch.zeros_like(self.token)
+        self.h, self.c, self.g = state.h.clone(), state.c.clone(), state.g.clone()
+        self.active = self.t < lengths
+
+    def run(self, guard: Callable[[torch.Tensor], AbstractContextManager] | None = None) -> "GreedyPass":
+        """Every iteration. Eagerly (guard None): on the active streams only, until none is left.
+        Under a CUDA graph capture: `max_iterations` over the whole batch, each inside
+        `guard(active.any())` (a conditional node; an iteration with no active stream changes nothing)."""
+        if guard is None:
+            while bool(self.active.any()):
+                self.iterate_active()
+        else:
+            for _ in range(self.max_iterations):
+                with guard(self.active.any()):
+                    self.iterate()
+        return self
+
+    def iterate(self) -> None:
+        """One iteration over the whole batch, in fixed shapes (masked updates)."""
+        dec, w, frames = self.decoder, self.window, self.f.size(1)
+        at = self.t.unsqueeze(1) + self.offsets  # [B, window]
+        labels = dec.joint(self.f[self.rows.unsqueeze(1), at.clamp(max=frames - 1)], self.g.unsqueeze(1)).argmax(-1)
+        hit = (at < self.lengths.unsqueeze(1)) & (labels != dec.blank)
+        first = torch.where(hit, self.offsets, w).amin(1)  # `window` where no label is in it
+        emit = first < w
+        label = labels.gather(1, first.clamp(max=w - 1).unsqueeze(1)).squeeze(1)
+        t = self.t + first
+        self.symbols.mul_(t == self.t)  # a new frame: its count starts over
+        self.token[self.rows, self.count] = label
+        self.frame[self.rows, self.count] = t
+        self.count.add_(emit)
+        out, (h, c) = dec.predictor.step(label, self.h, self.c)
+        self.h.copy_(torch.where(emit.view(1, -1, 1), h, self.h))
+        self.c.copy_(torch.where(emit.view(1, -1, 1), c, self.c))
+        self.g.copy_(torch.where(emit.unsqueeze(1), dec.joint.pred(out), self.g))
+        self.symbols.add_(emit)
+        full = self.symbols >= dec.cfg.max_symbols
+        self.t.copy_(t + full)
+        self.symbols.masked_fill_(full, 0)
+        self.active.copy_(self.t < self.lengths)
+
+    def iterate_active(self) -> None:
+        """The same iteration on the active streams only, the prediction network on the emitting ones
+        only: what pays where a host sync costs nothing (CPU), as the data-dependent shapes need them."""
+        dec, w, frames = self.decoder, self.window, self.f.size(1)
+        rows = self.active.nonzero().squeeze(1)
+        t0, lengths = self.t[rows], self.lengths[rows]
+        at = t0.unsqueeze(1) + self.offsets
+        labels = dec.joint(self.f[rows.unsqueeze(1), at.clamp(max=frames - 1)], self.g[rows].unsqueeze(1)).argmax(-1)
+        hit = (at < lengths.unsqueeze(1)) & (labels != dec.blank)
+        first = torch.where(hit, self.offsets, w).amin(1)
+        emit = first < w
+        t = t0 + first
+        symbols = self.symbols[rows].masked_fill(t != t0, 0) + emit
+        who, label = rows[emit], labels.gather(1, first.clamp(max=w - 1).unsqueeze(1)).squeeze(1)[emit]
+        at_count = self.count[who]
+        self.token[who, at_count], self.frame[who, at_count] = label, t[emit]
+        self.count[who] = at_count + 1
+        if who.numel():
+            out, (h, c) = dec.predictor.step(label, self.h[:, who], self.c[:, who])
+            self.h[:, who], self.c[:, who], self.g[who] = h, c, dec.joint.pred(out)
+        full = symbols >= dec.cfg.max_symbols
+        t = t + full
+        self.t[rows], self.symbols[rows] = t, symbols.masked_fill(full, 0)
+        self.active[rows] = t < lengths
+
+    def state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(h, c, g) after the pass."""
+        return self.h, self.c, self.g
+
+    def packed(self) -> torch.Tensor:
+        """[B, 1 + 2 (max_tokens + 1)] int32: count, labels, frames; one copy brings a pass to the host."""
+        return torch.cat((self.count.unsqueeze(1), self.token, self.frame), dim=1).to(torch.int32)
+
+
+def unpack(packed: np.ndarray) -> list[list[tuple[int, int]]]:
+    """GreedyPass.packed() on the host -> [(label, frame)] per stream."""
+    width = (packed.shape[1] - 1) // 2
+    return [list(zip(row[1 : 1 + n].tolist(), row[1 + width : 1 + width + n].tolist()))
+            for row, n in zip(packed, packed[:, 0].tolist())]
