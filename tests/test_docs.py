@@ -25,7 +25,7 @@ README = (ROOT / "README.md").read_text()
 DEMO = ROOT / "weights" / "demo"
 HARNESS = ROOT / "benchmarks" / "vs_parakeet_streaming"
 # words and paths of how the project is built, which mean nothing to a user
-INTERNAL = re.compile(r"\.\./shared|/tmp/|seeds/|\bPS\b|seed system|was lent")
+INTERNAL = re.compile(r"\.\./shared|/tmp/|seeds/|\bPS\b|seed system|was lent|\b[Ii]ssue \d+|\bsessions? (with|that) a GPU")
 
 
 def code_block_after(heading: str) -> list[str]:
