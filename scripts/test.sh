@@ -10,5 +10,5 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q -e '.[test]'
+.venv/bin/pip install -q -e '.[test,frameworks]'
 exec .venv/bin/python -m pytest -q "$@"

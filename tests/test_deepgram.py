@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import warnings
 
 import numpy as np
@@ -148,33 +149,53 @@ async def test_sdk_transcript_matches_native(engine, sentence):
         assert all(w["end"] <= m["start"] + m["duration"] + 1e-3 for w in m_words)
 
 
-# what LiveKit Agents' Deepgram plugin puts on every connection (its defaults)
-LIVEKIT_QUERY = (
-    "model=nova-3&punctuate=true&smart_format=false&no_delay=true&interim_results=true&encoding=linear16"
-    "&vad_events=true&sample_rate=16000&channels=1&endpointing=25&filler_words=true&profanity_filter=false"
-    "&numerals=false&mip_opt_out=false&language=en-US&keyterm=parakeet"
-)
+# what the frameworks' Deepgram services put on every connection (their defaults): LiveKit
+# Agents 1.8's deepgram.STT (with a keyterm) and Pipecat 1.14's DeepgramSTTService
+FRAMEWORK_QUERIES = {
+    "livekit": (
+        "model=nova-3&punctuate=true&smart_format=false&no_delay=true&interim_results=true&encoding=linear16"
+        "&vad_events=true&sample_rate=16000&channels=1&endpointing=25&filler_words=true&profanity_filter=false"
+        "&numerals=false&mip_opt_out=false&language=en-US&keyterm=parakeet"
+    ),
+    "pipecat": (
+        "channels=1&detect_entities=false&diarize=false&dictation=false&encoding=linear16&interim_results=true"
+        "&language=en&model=nova-3-general&multichannel=false&numerals=false&punctuate=true&sample_rate=16000"
+        "&smart_format=false"
+    ),
+    # labels and hints Deepgram has, features turned off, and names we do not know (a newer
+    # framework's default, a custom add-on parameter): accepted, the unknown ones logged
+    "tuning_and_unknown": (
+        "encoding=linear16&sample_rate=16000&extra=team:a&tag=t&language_hint=en&diarize_version=2"
+        "&callback_method=post&redact=false&search=false&sentiment=false&detect_entities=false"
+        "&a_future_default=1&alternatives=2"
+    ),
+}
 
 
-async def test_framework_plugin_defaults_are_accepted(engine, sentence):
+@pytest.mark.parametrize("query", FRAMEWORK_QUERIES.values(), ids=FRAMEWORK_QUERIES)
+async def test_framework_plugin_defaults_are_accepted(engine, sentence, query, caplog):
     """A framework's full default query (formatting, billing, hints) is accepted and served."""
     from websockets.sync.client import connect
 
     pcm = encode_audio(sentence, "pcm16")
     async with running_server(engine) as ctx:
         text, _ = await native_text(ctx, sentence)
-        address = f"ws://127.0.0.1:{ctx.config.ports['ws']}/v1/listen?{LIVEKIT_QUERY}"
+        address = f"ws://127.0.0.1:{ctx.config.ports['ws']}/v1/listen?{query}"
 
-        def livekit_like() -> list[dict]:
+        def framework_like() -> list[dict]:
             with connect(address, additional_headers={"Authorization": "Token unused"}) as ws:
                 for piece in chunks(pcm, 16000, 2):
                     ws.send(piece)
                 ws.send('{"type": "CloseStream"}')
                 return [json.loads(m) for m in ws]
 
-        messages = await in_thread(livekit_like)
+        with caplog.at_level(logging.INFO, logger="parakeet_stream.server.protocols.deepgram"):
+            messages = await in_thread(framework_like)
     assert messages[-1]["type"] == "Metadata"
     assert transcript(messages) == " ".join(text.split())
+    unknown = [r.getMessage() for r in caplog.records if "unknown query parameter" in r.getMessage()]
+    logged = "/v1/listen: unknown query parameter(s) accepted and ignored: ['a_future_default', 'alternatives']"
+    assert unknown == ([logged] if "a_future_default" in query else [])
 
 
 async def test_finalize_flushes(engine, sentence):
@@ -342,7 +363,11 @@ async def test_wrong_key_is_an_auth_error(engine, sentence):
     "query",
     ["encoding=opus&sample_rate=16000", "encoding=linear16&sample_rate=16000&channels=2",
      "encoding=linear16&sample_rate=16000&diarize=true", "encoding=linear16",
-     "encoding=linear16&sample_rate=16000&no_delay=true&summarize=v2"],
+     "encoding=linear16&sample_rate=16000&no_delay=true&summarize=v2",
+     # features that, ignored, would silently give something else than asked for
+     *(f"encoding=linear16&sample_rate=16000&{feature}" for feature in (
+         "multichannel=true", "diarize_model=latest", "detect_entities=true", "redact=pci", "search=fox",
+         "replace=fox:cat", "callback=https://example.com/cb", "detect_language=true"))],
 )
 async def test_unsupported_parameters_are_refused(engine, query):
     from websockets.exceptions import InvalidStatus
@@ -359,6 +384,10 @@ async def test_unsupported_parameters_are_refused(engine, query):
         response = await in_thread(attempt)
     assert response.status_code == 400
     assert b"INVALID_QUERY_PARAMETER" in response.body and b"err_msg" in response.body
+    body = json.loads(response.body)
+    assert set(body) == {"err_code", "err_msg", "request_id"}
+    last = query.rsplit("&", 1)[-1].split("=")[0]
+    assert last == "sample_rate" or last in body["err_msg"]  # it names what it refuses
 
 
 def g711_table_encode(samples: np.ndarray, table: np.ndarray) -> bytes:

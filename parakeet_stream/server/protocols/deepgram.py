@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -36,15 +37,25 @@ if TYPE_CHECKING:
 PATH = "/v1/listen"
 ENCODINGS = {"linear16": "pcm16", "mulaw": "mulaw", "alaw": "alaw"}
 BOOLEANS = ("interim_results", "vad_events")
-# accepted and ignored: formatting, billing and hints our model has no use for (LiveKit's and
-# Pipecat's Deepgram plugins send most of them on every connection)
+# What Deepgram's API has and we do not (its reference lists the parameters): what only tunes is
+# accepted and ignored, so that a framework's defaults never fail a connection; a feature that,
+# ignored, would silently give something other than what was asked for is refused. Names we do
+# not know are accepted and logged: frameworks add parameters with every release, and Deepgram's
+# SDKs (and Pipecat's `addons`) pass any "custom add-on parameter" through.
+# accepted and ignored: formatting, billing, labels and hints our model has no use for
+# (LiveKit's and Pipecat's Deepgram plugins send most of them on every connection)
 IGNORED = {
-    "model", "version", "language", "tag", "mip_opt_out", "punctuate", "smart_format", "numerals",
-    "no_delay", "filler_words", "profanity_filter", "keywords", "keyterm", "dictation", "measurements",
+    "model", "version", "language", "language_hint", "tag", "extra", "mip_opt_out", "punctuate", "smart_format",
+    "numerals", "no_delay", "filler_words", "profanity_filter", "keywords", "keyterm", "dictation", "measurements",
+    "callback_method", "diarize_version",
 }
 # features we do not have: accepted only when they ask for nothing ("false")
-FALSE_ONLY = {"diarize", "multichannel", "detect_language", "sentiment", "topics", "intents"}
+FALSE_ONLY = {
+    "diarize", "diarize_model", "multichannel", "detect_language", "detect_entities", "sentiment", "topics",
+    "intents", "summarize", "redact", "search", "replace", "callback",
+}
 KNOWN = {"encoding", "sample_rate", "channels", "endpointing", "utterance_end_ms", *BOOLEANS, *IGNORED, *FALSE_ONLY}
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,12 +75,12 @@ class Options:
 
 
 def parse_options(query: dict[str, str]) -> Options:
-    """Query parameters -> Options; unknown or unsupported ones raise ProtocolError."""
-    unknown = sorted(set(query) - KNOWN - {"api_key"})
-    if unknown:
-        raise ProtocolError("invalid_config", f"unsupported query parameter(s): {', '.join(unknown)[:200]}")
+    """Query parameters -> Options; a feature we do not have, or a value we cannot honour,
+    raises ProtocolError."""
     if enabled := sorted(name for name in FALSE_ONLY if query.get(name, "false") != "false"):
         raise ProtocolError("invalid_config", f"not supported by this server: {', '.join(enabled)}")
+    if unknown := sorted(set(query) - KNOWN - {"api_key"}):
+        log.info("%s: unknown query parameter(s) accepted and ignored: %s", PATH, ascii(unknown)[:300])
     options = Options(model=query.get("model", "parakeet"))
     encoding = query.get("encoding")
     if encoding is None:
