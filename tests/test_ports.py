@@ -87,3 +87,23 @@ def test_privileged_port_message():
 def test_free_ports_and_unwanted_ones_pass(held_port):
     assert port_problem("127.0.0.1", {"--port": 0, "--ws-port": 0, "--agent-port": None}) is None
     assert port_problem("127.0.0.1", {"--agent-port": None, "--port": 0, "--http-port": held_port}) is not None
+
+
+def test_port_taken_while_the_model_loads_is_one_line(held_port, tiny_model_dir, monkeypatch, capsys):
+    """The check before the model loads passed (the port was free then); the listener's bind fails."""
+    from parakeet_stream.server import cli
+
+    checks = []
+
+    def free_at_first(host, ports):
+        checks.append(ports)
+        return None if len(checks) == 1 else port_problem(host, ports)
+
+    monkeypatch.setattr(cli, "port_problem", free_at_first)
+    code = cli.main(["--model", str(tiny_model_dir), "--port", "0", "--ws-port", str(held_port),
+                     "--http-port", "0", "--grpc-port", "0", "--log-level", "error"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"parakeet-serve: error: port {held_port} on 127.0.0.1 is already in use by another program: "
+        f"pick another with --ws-port PORT (0: any free port)")

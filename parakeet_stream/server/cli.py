@@ -165,9 +165,7 @@ async def _watch_signals(ctx: ServerContext, scope: trio.CancelScope, outcome: l
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    problem = port_problem(args.host, {"--port": args.port, "--ws-port": args.ws_port,
-                                       "--http-port": args.http_port, "--grpc-port": args.grpc_port,
-                                       "--agent-port": args.agent_port})
+    problem = port_problem(args.host, _ports(args))
     if problem:
         print(f"parakeet-serve: error: {problem}", file=sys.stderr)
         return 2
@@ -194,9 +192,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parakeet-serve: refusing to start: {problem}", file=sys.stderr)
         return 2
     with engine:
-        outcome = trio.run(_main, engine, config)
+        try:
+            outcome = trio.run(_main, engine, config)
+        except Exception as exc:
+            if not _bind_failed(exc):
+                raise
+            # a port was taken while the model loaded: look again to name it
+            problem = port_problem(args.host, _ports(args)) or f"cannot listen: {_bind_failed(exc)}"
+            print(f"parakeet-serve: error: {problem}", file=sys.stderr)
+            return 2
     print(f"parakeet-serve stopped ({outcome})", flush=True)
     return 0
+
+
+def _ports(args: argparse.Namespace) -> dict[str, int | None]:
+    return {"--port": args.port, "--ws-port": args.ws_port, "--http-port": args.http_port,
+            "--grpc-port": args.grpc_port, "--agent-port": args.agent_port}
+
+
+def _bind_failed(exc: BaseException) -> OSError | None:
+    """The OSError a listener raised while starting, however deep in exception groups."""
+    if isinstance(exc, OSError):
+        return exc
+    return next((found for inner in getattr(exc, "exceptions", ()) if (found := _bind_failed(inner))), None)
 
 
 def offline_hint(model: str, exc: Exception) -> str:
