@@ -1,7 +1,8 @@
 """The Scheduler: every stream's lifecycle, admission, and what the model runs next.
 
 As nano-vllm's: `schedule()` picks the next step (which streams, how many of their chunks)
-by the deadline policy in policy.py; the runner executes it; `postprocess()` takes it back,
+by the policy in policy.py: live streams' chunks by their deadlines, then bulk streams' backlogs
+in the room the live ones leave; the runner executes it; `postprocess()` takes it back,
 releases finished streams' slots and admits waiting ones. A stream's lifecycle (status, slot,
 steps in flight, chunks scheduled, its final's time) changes here only, under one lock.
 """
@@ -13,7 +14,7 @@ import time
 from collections import deque
 
 from .errors import QueueFull
-from .policy import LOADED, SATURATED, Ready, StepCost, plan
+from .policy import LOADED, SATURATED, Backlog, Ready, StepCost, fill, plan
 from .sequence import DEAD, Sequence, Status
 from .step import Step, StepItem
 
@@ -35,6 +36,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
         self._steps_in_flight = 0
+        self._free_at = 0.0  # when the steps in flight are predicted to be done
         self._busy: deque[tuple[float, float]] = deque()  # (end, seconds) of recent steps
         self._stopped = False
         self._cv = threading.Condition()
@@ -92,11 +94,9 @@ class Scheduler:
                 timeout = None
                 if self._steps_in_flight < self.max_in_flight:
                     now = time.monotonic()
-                    ready, upcoming = self._candidates(now)
-                    align = self._steps_in_flight == 0 and LOADED <= self._busy_fraction(now) < SATURATED
-                    batch, timeout = plan(ready, upcoming, now, self.cost, self.budget, self.max_batch, align)
-                    if batch:
-                        return self._make_step(batch, now)
+                    step, timeout = self._plan(now)
+                    if step is not None:
+                        return step
                 self._cv.wait(timeout)
             return None
 
@@ -108,7 +108,9 @@ class Scheduler:
             # wall time from scheduling to results: what a deadline sees (queueing behind the other step included)
             seconds = now - step.started
             if not failed:
-                self.cost.record(len(step), seconds)
+                self.cost.record_step([max(item.chunks, 1) for item in step], seconds)
+            if self._steps_in_flight == 0:
+                self._free_at = now
             self._busy.append((now, sum(step.seconds.values())))
             newly_failed, changed = [], []
             for item in step:
@@ -138,24 +140,48 @@ class Scheduler:
             }
 
     # --- internals (lock held) ----------------------------------------------------------------
-    def _candidates(self, now: float) -> tuple[list[Ready[Sequence]], list[float]]:
-        ready, upcoming = [], []
+    def _plan(self, now: float) -> tuple[Step | None, float | None]:
+        """The next step by the policy, or (None, seconds to wait before deciding again)."""
+        ready, upcoming, backlogs, live_streams = self._candidates(now)
+        align = not backlogs and self._steps_in_flight == 0 and LOADED <= self._busy_fraction(now) < SATURATED
+        live, timeout = plan(ready, upcoming, now, self.cost, self.budget, self.max_batch, align)
+        ready_at = {r.item: r.ready_at for r in ready}
+        taken = [(seq, self.max_chunks_per_step) for seq in live]
+        chunks = [(ready_at[seq], min(self._pending(seq), n)) for seq, n in taken]
+        bulk, wait = fill(backlogs, chunks, upcoming, live_streams, now, self._free_at, self.cost, self.budget,
+                          self.max_batch, self.max_chunks_per_step)
+        if not live and not bulk:
+            return None, min((t for t in (timeout, wait) if t is not None), default=None)
+        return self._make_step(taken + bulk, now), None
+
+    def _candidates(self, now: float) -> tuple[list[Ready[Sequence]], list[float], list[Backlog[Sequence]], int]:
+        """Live streams with a ready chunk, the predicted arrivals of the other live streams' next
+        chunks, bulk streams with work, and how many live streams are running."""
+        ready, upcoming, backlogs, live_streams = [], [], [], 0
         for seq in self.active.values():
             if seq.last_scheduled or seq.status in DEAD:
                 continue
+            live_streams += not seq.bulk
             ready_at, due = seq.inbox.next_chunk(self.sample_rate)
-            if ready_at is not None:
+            if ready_at is None and seq.status is Status.FINALIZING:
+                ready_at = seq.final_at
+            if seq.bulk and ready_at is not None:
+                backlogs.append(Backlog(ready_at, self._pending(seq), seq))
+            elif ready_at is not None:
                 ready.append(Ready(ready_at, seq))
-            elif seq.status is Status.FINALIZING:
-                ready.append(Ready(seq.final_at, seq))
-            elif due is not None:
+            elif due is not None and not seq.bulk:
                 upcoming.append(due)
-        return ready, upcoming
+        return ready, upcoming, backlogs, live_streams
 
-    def _make_step(self, seqs: list[Sequence], now: float) -> Step:
+    def _pending(self, seq: Sequence) -> int:
+        """Its ready chunks not scheduled yet."""
+        return seq.inbox.chunks_ready - seq.chunks_scheduled
+
+    def _make_step(self, chosen: list[tuple[Sequence, int]], now: float) -> Step:
+        """A step of the chosen streams, each with up to its number of ready chunks."""
         items = []
-        for seq in seqs:
-            times = seq.inbox.take_ready(self.max_chunks_per_step)
+        for seq, n in chosen:
+            times = seq.inbox.take_ready(n)
             first = seq.chunks_scheduled == 0
             seq.chunks_scheduled += len(times)
             # a long backlog goes in several steps so that live streams are not held behind it
@@ -167,6 +193,7 @@ class Scheduler:
             seq.in_flight += 1
             items.append(StepItem(seq, seq.slot, len(times), last, first, times, seq.final_at, upto))
         self._steps_in_flight += 1
+        self._free_at = max(now, self._free_at) + self.cost.step([max(item.chunks, 1) for item in items])
         return Step(items, now)
 
     def _busy_fraction(self, now: float) -> float:
