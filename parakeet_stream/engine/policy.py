@@ -13,18 +13,22 @@ that holding would trade goes to bulk work instead.
 
 Bulk chunks (`fill`): after the live chunks, a step takes bulk work at the largest batch first
 (every bulk stream, up to the batch limit), then as many of each one's backlogged chunks
-(rounds) as fit, where a step with bulk work must end
+(rounds) as fit. A `Timeline` keeps two predicted clocks: when the work handed to the model is
+done, and when its live part alone would be (the step without its bulk work, started when its
+first live chunk arrived or the live work before it was done). A step with bulk work must end
 - by every live deadline: its own live chunks' and, for a live chunk that arrives just as it
   starts (a new stream, a final: not foreseen), early enough that the next step still serves it
   within the budget;
-- no more than BULK_DELAY (a fraction of a live step) after its own live chunks would have been
-  served without it, and after the next live arrival that real-time pacing predicts.
-So bulk work fills the gaps between live steps and rides along in live steps only where it
-costs them little; a live chunk is never late because of bulk work, and waits for it at most
-BULK_DELAY beyond prediction errors. Bulk streams take the model's longest lookahead: the
-largest chunk, the cheapest per second of audio.
+- at most BULK_DELAY (a fraction of a one-stream step) after the live clock says its live chunks, and
+  the next live arrival that real-time pacing predicts, would be served without bulk work.
+Measured on the live clock, delays do not add up over a run of busy steps: bulk work holds any
+live chunk at most BULK_DELAY (beyond prediction errors) and never past its deadline. It fills
+the gaps between live steps and rides along in live steps only where that costs them little.
+Bulk streams take the model's longest lookahead: the largest chunk, the cheapest per second of
+audio.
 
-Pure functions of their inputs, so the policy is tested on a simulated clock.
+Pure functions of their inputs (and the Timeline, a plain value), so the policy is tested on a
+simulated clock.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ GRACE = 0.005  # arrivals are predicted from real-time pacing: allow this much j
 # need; above, the model has no idle time to trade for bigger steps (measured on CPU: waiting
 # there raised p95 latency 2-3x at 8 streams; see docs/performance.md).
 LOADED, SATURATED = 0.5, 0.8
-BULK_DELAY = 0.1  # bulk work may hold a live chunk this fraction of a live step beyond its time without it
+BULK_DELAY = 0.1  # bulk work may hold a live chunk this fraction of a one-stream step beyond its time without it
 
 
 class StepCost:
@@ -58,6 +62,10 @@ class StepCost:
     @property
     def measured(self) -> bool:
         return bool(self._seconds)
+
+    def knows(self, batch: int) -> bool:
+        """A batch this size or smaller was measured: its cost is not just bounded by a larger one's."""
+        return any(b <= batch for b in self._seconds)
 
     def record(self, batch: int, seconds: float) -> None:
         old = self._seconds.get(batch)
@@ -91,11 +99,56 @@ class StepCost:
 class Ready(Generic[T]):
     ready_at: float  # arrival of the last sample its oldest unscheduled chunk needs
     item: T
+    chunks: int = 1  # its ready chunks not scheduled (0: only its last, partial chunk is left)
 
 
-def bulk_lookahead(modes: list[tuple[int, int]]) -> tuple[int, int]:
-    """The mode bulk streams take unless told: the longest lookahead (the largest chunk: fewest steps per second)."""
-    return max(modes, key=lambda mode: mode[1])
+@dataclass
+class Backlog(Generic[T]):
+    since: float  # arrival of its oldest chunk not scheduled: bulk streams are served first come, first served
+    chunks: int  # whole chunks ready (0: only its last, partial chunk is left)
+    item: T
+
+
+@dataclass
+class Timeline:
+    """Predicted ends of the work handed to the model: all of it (`free_at`), and its live part
+    alone (`live_free_at`); the gap is how late bulk work has made the live work."""
+
+    free_at: float = 0.0
+    live_free_at: float = 0.0
+
+    def live_done(self, live: list[tuple[float, int]], now: float, cost: StepCost) -> float:
+        """When a step of these live chunks ((ready_at, chunks) each) would be done without bulk work."""
+        if not live:
+            return max(now, self.live_free_at)
+        return max(min(t for t, _ in live), self.live_free_at) + cost.step([max(c, 1) for _, c in live])
+
+    def add(self, live: list[tuple[float, int]], chunks: list[int], now: float, cost: StepCost) -> None:
+        """A step was handed to the model: its live chunks and every stream's chunks."""
+        if live:
+            self.live_free_at = self.live_done(live, now, cost)
+        self.free_at = max(now, self.free_at) + cost.step([max(c, 1) for c in chunks])
+
+    def idle(self, now: float) -> None:
+        """Nothing is in flight: no work is pending, whatever the predictions said."""
+        self.free_at = now
+        self.live_free_at = min(self.live_free_at, now)
+
+
+def decide(ready: list[Ready[T]], upcoming: list[float], backlogs: list[Backlog[T]], live_streams: int, now: float,
+           timeline: Timeline, cost: StepCost, budget: float, max_batch: int, max_rounds: int, loaded: bool,
+           ) -> tuple[list[tuple[T, int]], float | None]:
+    """The next step as (stream, chunks to take) pairs: live streams by `plan`, each taking its
+    ready chunks up to `max_rounds`, then bulk work by `fill`; or ([], seconds to wait before
+    deciding again, None: until something changes). loaded: the model is idle but loaded (see
+    `plan`'s align); the other arguments are `fill`'s."""
+    live, timeout = plan(ready, upcoming, now, cost, budget, max_batch, align=loaded and not backlogs)
+    by_item = {r.item: r for r in ready}
+    chunks = [(by_item[item].ready_at, min(by_item[item].chunks, max_rounds)) for item in live]
+    bulk, wait = fill(backlogs, chunks, upcoming, live_streams, now, timeline, cost, budget, max_batch, max_rounds)
+    if live or bulk:
+        return [(item, max_rounds) for item in live] + bulk, None
+    return [], min((t for t in (timeout, wait) if t is not None), default=None)
 
 
 def plan(ready: list[Ready[T]], upcoming: list[float], now: float, cost: StepCost, budget: float,
@@ -126,30 +179,24 @@ def plan(ready: list[Ready[T]], upcoming: list[float], now: float, cost: StepCos
     return [], max(coming[joined - 1] + GRACE - now, 0.0005)
 
 
-@dataclass
-class Backlog(Generic[T]):
-    since: float  # arrival of its oldest chunk not scheduled: bulk streams are served first come, first served
-    chunks: int  # whole chunks ready (0: only its last, partial chunk is left)
-    item: T
-
-
 def fill(backlogs: list[Backlog[T]], live: list[tuple[float, int]], upcoming: list[float], live_streams: int,
-         now: float, free_at: float, cost: StepCost, budget: float, max_batch: int, max_rounds: int,
+         now: float, timeline: Timeline, cost: StepCost, budget: float, max_batch: int, max_rounds: int,
          ) -> tuple[list[tuple[T, int]], float | None]:
     """Bulk work for the next step, after its live chunks (see the module docstring).
 
     backlogs: bulk streams with work; live: (ready_at, chunks) of the live streams in the step;
     upcoming: predicted arrivals of the other live streams' next chunks; live_streams: live
-    streams running; free_at: when the steps in flight are predicted to be done.
+    streams running; timeline: the work in flight.
     Returns ([(stream, chunks to take)], None), or, when no bulk work fits, ([], seconds to wait
     before deciding again: until the next predicted live arrival is stale) or ([], None).
     """
     room = max_batch - len(live)
-    if not backlogs or room <= 0:
+    # what bulk work adds to live chunks is known only once a step of theirs alone was measured
+    if not backlogs or room <= 0 or (live and not cost.knows(len(live))):
         return [], None
-    start = max(now, free_at)
+    start = max(now, timeline.free_at)
     live_chunks = [max(c, 1) for _, c in live]
-    end = _latest_end(live, upcoming, live_streams, now, start + cost.step(live_chunks), cost, budget)
+    end = _latest_end(live, upcoming, live_streams, now, timeline.live_done(live, now, cost), cost, budget)
     queue = sorted(backlogs, key=lambda b: b.since)[:room]
 
     def fits(rows: int, rounds: int) -> bool:
@@ -167,14 +214,15 @@ def fill(backlogs: list[Backlog[T]], live: list[tuple[float, int]], upcoming: li
 
 def _latest_end(live: list[tuple[float, int]], upcoming: list[float], live_streams: int, now: float,
                 live_done: float, cost: StepCost, budget: float) -> float:
-    """When a step carrying bulk work must be done; live_done: when it would be done without it."""
+    """When a step carrying bulk work must be done; live_done: when the live clock says its live
+    chunks (or, with none, the live work before it) would be done without bulk work."""
     # a live chunk nobody foresaw (a new stream, a final) that arrives now is served by the next step in time
     end = now + budget - GRACE - cost(live_streams + 1)
-    tolerance = BULK_DELAY * cost(max(live_streams, 1))
+    tolerance = BULK_DELAY * cost(1)  # a live chunk takes at least a step of its own: at most BULK_DELAY more
     if live:
         end = min(end, min(t for t, _ in live) + budget, live_done + tolerance)
     coming = [t for t in upcoming if t > now - GRACE]
-    if coming:  # the next live arrival waits for this step at most `tolerance` longer than it would have
+    if coming:  # the next live arrival, served when it comes or when the live work before it is done
         end = min(end, max(live_done, min(coming) - GRACE) + tolerance)
     return end
 
@@ -189,3 +237,8 @@ def _most(fits: Callable[[int], bool], limit: int) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def bulk_lookahead(modes: list[tuple[int, int]]) -> tuple[int, int]:
+    """The mode bulk streams take unless told: the longest lookahead (the largest chunk: fewest steps per second)."""
+    return max(modes, key=lambda mode: mode[1])

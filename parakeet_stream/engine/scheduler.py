@@ -14,7 +14,7 @@ import time
 from collections import deque
 
 from .errors import QueueFull
-from .policy import LOADED, SATURATED, Backlog, Ready, StepCost, fill, plan
+from .policy import LOADED, SATURATED, Backlog, Ready, StepCost, Timeline, decide
 from .sequence import DEAD, Sequence, Status
 from .step import Step, StepItem
 
@@ -36,7 +36,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
         self._steps_in_flight = 0
-        self._free_at = 0.0  # when the steps in flight are predicted to be done
+        self._timeline = Timeline()  # when the steps in flight are predicted to be done
         self._busy: deque[tuple[float, float]] = deque()  # (end, seconds) of recent steps
         self._stopped = False
         self._cv = threading.Condition()
@@ -110,7 +110,7 @@ class Scheduler:
             if not failed:
                 self.cost.record_step([max(item.chunks, 1) for item in step], seconds)
             if self._steps_in_flight == 0:
-                self._free_at = now
+                self._timeline.idle(now)
             self._busy.append((now, sum(step.seconds.values())))
             newly_failed, changed = [], []
             for item in step:
@@ -143,16 +143,16 @@ class Scheduler:
     def _plan(self, now: float) -> tuple[Step | None, float | None]:
         """The next step by the policy, or (None, seconds to wait before deciding again)."""
         ready, upcoming, backlogs, live_streams = self._candidates(now)
-        align = not backlogs and self._steps_in_flight == 0 and LOADED <= self._busy_fraction(now) < SATURATED
-        live, timeout = plan(ready, upcoming, now, self.cost, self.budget, self.max_batch, align)
+        loaded = self._steps_in_flight == 0 and LOADED <= self._busy_fraction(now) < SATURATED
+        chosen, timeout = decide(ready, upcoming, backlogs, live_streams, now, self._timeline, self.cost, self.budget,
+                                 self.max_batch, self.max_chunks_per_step, loaded)
+        if not chosen:
+            return None, timeout
+        step = self._make_step(chosen, now)
         ready_at = {r.item: r.ready_at for r in ready}
-        taken = [(seq, self.max_chunks_per_step) for seq in live]
-        chunks = [(ready_at[seq], min(self._pending(seq), n)) for seq, n in taken]
-        bulk, wait = fill(backlogs, chunks, upcoming, live_streams, now, self._free_at, self.cost, self.budget,
-                          self.max_batch, self.max_chunks_per_step)
-        if not live and not bulk:
-            return None, min((t for t in (timeout, wait) if t is not None), default=None)
-        return self._make_step(taken + bulk, now), None
+        live = [(ready_at[item.seq], item.chunks) for item in step if not item.seq.bulk]
+        self._timeline.add(live, [item.chunks for item in step], now, self.cost)
+        return step, None
 
     def _candidates(self, now: float) -> tuple[list[Ready[Sequence]], list[float], list[Backlog[Sequence]], int]:
         """Live streams with a ready chunk, the predicted arrivals of the other live streams' next
@@ -168,7 +168,7 @@ class Scheduler:
             if seq.bulk and ready_at is not None:
                 backlogs.append(Backlog(ready_at, self._pending(seq), seq))
             elif ready_at is not None:
-                ready.append(Ready(ready_at, seq))
+                ready.append(Ready(ready_at, seq, self._pending(seq)))
             elif due is not None and not seq.bulk:
                 upcoming.append(due)
         return ready, upcoming, backlogs, live_streams
@@ -193,7 +193,6 @@ class Scheduler:
             seq.in_flight += 1
             items.append(StepItem(seq, seq.slot, len(times), last, first, times, seq.final_at, upto))
         self._steps_in_flight += 1
-        self._free_at = max(now, self._free_at) + self.cost.step([max(item.chunks, 1) for item in items])
         return Step(items, now)
 
     def _busy_fraction(self, now: float) -> float:
