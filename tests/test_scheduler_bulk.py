@@ -82,7 +82,7 @@ def simulate(live: int, bulk: int, seconds: float = 20.0, max_batch: int = 64, m
             ready += [Ready(0.0, b.item, b.chunks) for b in backlogs]
             backlogs = []
         chosen, wait = decide(ready, upcoming, backlogs, len(running), now, timeline, cost, BUDGET, max_batch,
-                              max_rounds, loaded=False)
+                              max_rounds, loaded=False, live_in_flight=False)
         if not chosen:
             next_arrival = min((arrival(i) for i in range(live)), default=seconds)
             now = next_arrival if wait is None else min(now + wait, next_arrival)
@@ -155,10 +155,18 @@ def test_fill_gives_way_to_a_live_chunk_due_before_a_bulk_round_would_end():
     backlogs = [Backlog(0.0, 100, "file")]
     bulk, wait = fill(backlogs, [], upcoming=[0.01], live_streams=1, now=0.0, timeline=Timeline(), cost=cost, budget=BUDGET,
                       max_batch=8, max_rounds=8)
-    assert bulk == [] and wait == pytest.approx(0.01 + 0.005)  # until the predicted arrival is stale
+    assert bulk == [] and wait == pytest.approx(0.01 + BUDGET)  # until the predicted arrival is a budget late
     bulk, _ = fill(backlogs, [], upcoming=[0.1], live_streams=1, now=0.0, timeline=Timeline(), cost=cost, budget=BUDGET,
                    max_batch=8, max_rounds=8)
     assert bulk == [("file", 4)]  # four rounds of 0.02 s end before the live chunk due at 0.1 s (+ 10% of a step)
+
+
+def test_a_live_chunk_late_on_its_prediction_still_holds_bulk_work_back_for_a_budget():
+    cost = StepCost()
+    cost.record(1, 0.02)
+    kwargs = dict(live_streams=1, now=0.0, timeline=Timeline(), cost=cost, budget=BUDGET, max_batch=8, max_rounds=8)
+    assert fill([Backlog(0.0, 100, "file")], [], upcoming=[-0.1], **kwargs) == ([], pytest.approx(BUDGET - 0.1))
+    assert fill([Backlog(0.0, 100, "file")], [], upcoming=[-0.4], **kwargs)[0] == [("file", 8)]  # stale: ignored
 
 
 def test_fill_takes_one_round_until_a_step_was_measured():

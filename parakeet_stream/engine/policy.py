@@ -137,11 +137,14 @@ class Timeline:
 
 def decide(ready: list[Ready[T]], upcoming: list[float], backlogs: list[Backlog[T]], live_streams: int, now: float,
            timeline: Timeline, cost: StepCost, budget: float, max_batch: int, max_rounds: int, loaded: bool,
-           ) -> tuple[list[tuple[T, int]], float | None]:
+           live_in_flight: bool) -> tuple[list[tuple[T, int]], float | None]:
     """The next step as (stream, chunks to take) pairs: live streams by `plan`, each taking its
     ready chunks up to `max_rounds`, then bulk work by `fill`; or ([], seconds to wait before
     deciding again, None: until something changes). loaded: the model is idle but loaded (see
-    `plan`'s align); the other arguments are `fill`'s."""
+    `plan`'s align); live_in_flight: a step with live chunks is in flight, and bulk work waits for
+    it (the stages of two steps in flight share the machine: on a CPU, the cores); the other
+    arguments are `fill`'s."""
+    backlogs = [] if live_in_flight else backlogs
     live, timeout = plan(ready, upcoming, now, cost, budget, max_batch, align=loaded and not backlogs)
     by_item = {r.item: r for r in ready}
     chunks = [(by_item[item].ready_at, min(by_item[item].chunks, max_rounds)) for item in live]
@@ -188,7 +191,7 @@ def fill(backlogs: list[Backlog[T]], live: list[tuple[float, int]], upcoming: li
     upcoming: predicted arrivals of the other live streams' next chunks; live_streams: live
     streams running; timeline: the work in flight.
     Returns ([(stream, chunks to take)], None), or, when no bulk work fits, ([], seconds to wait
-    before deciding again: until the next predicted live arrival is stale) or ([], None).
+    before deciding again: until the earliest predicted live arrival is stale) or ([], None).
     """
     room = max_batch - len(live)
     # what bulk work adds to live chunks is known only once a step of theirs alone was measured
@@ -196,7 +199,9 @@ def fill(backlogs: list[Backlog[T]], live: list[tuple[float, int]], upcoming: li
         return [], None
     start = max(now, timeline.free_at)
     live_chunks = [max(c, 1) for _, c in live]
-    end = _latest_end(live, upcoming, live_streams, now, timeline.live_done(live, now, cost), cost, budget)
+    # a chunk late on its prediction is still coming (a client's pacing jitters) until a budget has passed
+    due = [t for t in upcoming if t > now - budget]
+    end = _latest_end(live, due, live_streams, now, timeline.live_done(live, now, cost), cost, budget)
     queue = sorted(backlogs, key=lambda b: b.since)[:room]
 
     def fits(rows: int, rounds: int) -> bool:
@@ -205,14 +210,13 @@ def fill(backlogs: list[Backlog[T]], live: list[tuple[float, int]], upcoming: li
 
     rows = _most(lambda n: fits(n, 1), len(queue))  # the largest batch first,
     if rows == 0:
-        coming = [t for t in upcoming if t > now - GRACE]
-        return [], max(min(coming) + GRACE - now, 0.0005) if coming and not live else None
+        return [], max(min(due) + budget - now, 0.0005) if due and not live else None
     # then as many rounds as fit (one until a step was measured: an unmeasured step costs 0)
     rounds = _most(lambda n: fits(rows, n), max_rounds if cost.measured else 1)
     return [(b.item, min(b.chunks, rounds)) for b in queue[:rows]], None
 
 
-def _latest_end(live: list[tuple[float, int]], upcoming: list[float], live_streams: int, now: float,
+def _latest_end(live: list[tuple[float, int]], due: list[float], live_streams: int, now: float,
                 live_done: float, cost: StepCost, budget: float) -> float:
     """When a step carrying bulk work must be done; live_done: when the live clock says its live
     chunks (or, with none, the live work before it) would be done without bulk work."""
@@ -221,9 +225,8 @@ def _latest_end(live: list[tuple[float, int]], upcoming: list[float], live_strea
     tolerance = BULK_DELAY * cost(1)  # a live chunk takes at least a step of its own: at most BULK_DELAY more
     if live:
         end = min(end, min(t for t, _ in live) + budget, live_done + tolerance)
-    coming = [t for t in upcoming if t > now - GRACE]
-    if coming:  # the next live arrival, served when it comes or when the live work before it is done
-        end = min(end, max(live_done, min(coming) - GRACE) + tolerance)
+    if due:  # the next live arrival, served when it comes (now, if late) or when the live work before it is done
+        end = min(end, max(live_done, min(max(t, now) for t in due) - GRACE) + tolerance)
     return end
 
 

@@ -36,6 +36,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
         self._steps_in_flight = 0
+        self._live_steps_in_flight = 0  # of them, steps with live chunks
         self._timeline = Timeline()  # when the steps in flight are predicted to be done
         self._busy: deque[tuple[float, float]] = deque()  # (end, seconds) of recent steps
         self._stopped = False
@@ -105,6 +106,7 @@ class Scheduler:
         now = time.monotonic()
         with self._cv:
             self._steps_in_flight -= 1
+            self._live_steps_in_flight -= _has_live(step)
             # wall time from scheduling to results: what a deadline sees (queueing behind the other step included)
             seconds = now - step.started
             if not failed:
@@ -145,7 +147,7 @@ class Scheduler:
         ready, upcoming, backlogs, live_streams = self._candidates(now)
         loaded = self._steps_in_flight == 0 and LOADED <= self._busy_fraction(now) < SATURATED
         chosen, timeout = decide(ready, upcoming, backlogs, live_streams, now, self._timeline, self.cost, self.budget,
-                                 self.max_batch, self.max_chunks_per_step, loaded)
+                                 self.max_batch, self.max_chunks_per_step, loaded, self._live_steps_in_flight > 0)
         if not chosen:
             return None, timeout
         step = self._make_step(chosen, now)
@@ -192,8 +194,10 @@ class Scheduler:
             seq.last_scheduled = last
             seq.in_flight += 1
             items.append(StepItem(seq, seq.slot, len(times), last, first, times, seq.final_at, upto))
+        step = Step(items, now)
         self._steps_in_flight += 1
-        return Step(items, now)
+        self._live_steps_in_flight += _has_live(step)
+        return step
 
     def _busy_fraction(self, now: float) -> float:
         while self._busy and self._busy[0][0] < now - BUSY_WINDOW:
@@ -219,3 +223,7 @@ class Scheduler:
             admitted.append(nxt)
         self._cv.notify_all()
         return admitted + (list(self.waiting) if admitted else [])
+
+
+def _has_live(step: Step) -> bool:
+    return any(not item.seq.bulk for item in step)
