@@ -1,18 +1,21 @@
 """Files beside live streams: offline speed of bulk work (RTFx), alone and with N real-time streams,
 and those streams' chunk latency with and without it, in one run.
 
-Five phases, each on a fresh engine over the same model: N live streams alone; one file alone;
+Five phases, each on a fresh engine over the same model (warmed up by a short file first): N live streams alone; one file alone;
 F files alone; one file with the N live streams; F files with them. Files go through the path
 uploads and parakeet-transcribe take (server/files: `transcribe_files`, bulk engine streams, the
 model's longest lookahead); RTFx = seconds of file audio / wall seconds until every file's final
 result. Live streams push speech paced at real time in 20-160 ms packets (as scripts/bench_engine.py);
 chunk latency = the engine's, from the arrival of the last sample a chunk needs to its result.
 Beside files, the live streams start WARMUP_S before them and stop when the files are done; only
-the latencies of chunks that came while files were being transcribed count.
+the latencies of chunks that came while files were being transcribed count. With --repeat R the
+five phases run R times in turn (on a shared machine the load drifts: interleaving spreads it over
+every phase) and the summary takes each figure's median.
 
-    python scripts/bench_files.py --model demo --files 8 --file-seconds 30 --live 4 --live-seconds 20
+    python scripts/bench_files.py --model demo --files 8 --file-seconds 30 --live 4 --live-seconds 20 --repeat 3
 
-Writes results/bench_files.json (--out) and prints one line per phase.
+Writes results/bench_files.json (--out: every run of every phase, the medians, their ratios) and
+prints one line per phase run.
 """
 
 from __future__ import annotations
@@ -139,6 +142,7 @@ def main() -> None:
     ap.add_argument("--file-seconds", type=float, default=30.0, help="audio per file")
     ap.add_argument("--live", type=int, default=4, help="real-time streams beside the files")
     ap.add_argument("--live-seconds", type=float, default=20.0, help="length of the live-alone phase")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of the five phases, in turn")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_files.json")
     args = ap.parse_args()
     single_threaded_host()
@@ -151,13 +155,15 @@ def main() -> None:
         "one_file_with_live": lambda e: files_with_live(e, audios[:1], args.live),
         "files_with_live": lambda e: files_with_live(e, audios, args.live),
     }
-    results = {}
-    for name, phase in phases.items():
-        results[name] = run_phase(model, args, phase)
-        print(f"{name:20s} {one_line(results[name])}", flush=True)
+    runs: dict[str, list[dict]] = {name: [] for name in phases}
+    for _ in range(args.repeat):
+        for name, phase in phases.items():
+            runs[name].append(run_phase(model, args, phase))
+            print(f"{name:20s} {one_line(runs[name][-1])}", flush=True)
+    medians = {name: median(results) for name, results in runs.items()}
     summary = {"model": args.model, "device": args.device, "dtype": args.dtype, "machine": machine(),
                "files": args.files, "file_seconds": args.file_seconds, "live_streams": args.live,
-               **results, "ratios": ratios(results)}
+               "repeat": args.repeat, "median": medians, "ratios": ratios(medians), "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary["ratios"]))
@@ -165,8 +171,21 @@ def main() -> None:
 
 def run_phase(model: ParakeetModel, args: argparse.Namespace, phase) -> dict:
     with ASREngine(model, args.device, max_num_streams=args.files + args.live, dtype=model.encoder_dtype) as engine:
+        transcribe(engine, [speech(WARMUP_S, 999)])  # threads started, step costs measured: as a running server
         out = phase(engine)
         out["chunk_ms"] = {f"{m[0]},{m[1]}": s * 1000 for m, s in engine.info.chunk_seconds.items()}
+    return out
+
+
+def median(results: list[dict]) -> dict:
+    """Each number's median over the runs of a phase (nested dicts alike)."""
+    out = {}
+    for key, value in results[0].items():
+        if isinstance(value, dict):
+            out[key] = median([r[key] for r in results])
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            values = [r[key] for r in results if r[key] is not None]
+            out[key] = float(np.median(values)) if values else None
     return out
 
 
@@ -174,7 +193,7 @@ def one_line(result: dict) -> str:
     parts = []
     if "rtfx" in result:
         parts.append(f"{result['files']} file(s), {result['audio_s']:.0f} s of audio in {result['wall_s']:.1f} s: "
-                     f"RTFx {result['rtfx']:.1f}")
+                     f"RTFx {result['rtfx']:.1f}" + (f" ({len(result['errors'])} failed)" if result["errors"] else ""))
     live = result.get("live", result if "p95_ms" in result else None)
     if live:
         parts.append(f"live x{live['streams']}: p50 {live['p50_ms']:.0f} ms, p95 {live['p95_ms']:.0f} ms "
