@@ -56,7 +56,7 @@ def chunks_per_step(engine: ASREngine) -> dict[int, int]:
 
     def encode(step):
         for item in step:
-            most[item.seq.stream_id] = max(most.get(item.seq.stream_id, 0), len(item.pre))
+            most[item.seq.stream_id] = max(most.get(item.seq.stream_id, 0), item.chunks)
         return real(step)
 
     engine.runner.encode = encode
