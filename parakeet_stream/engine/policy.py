@@ -19,13 +19,15 @@ first live chunk arrived or the live work before it was done). A step with bulk 
 - by every live deadline: its own live chunks' and, for a live chunk that arrives just as it
   starts (a new stream, a final: not foreseen), early enough that the next step still serves it
   within the budget;
-- at most BULK_DELAY (a fraction of a one-stream step) after the live clock says its live chunks, and
-  the next live arrival that real-time pacing predicts, would be served without bulk work.
-Measured on the live clock, delays do not add up over a run of busy steps: bulk work holds any
-live chunk at most BULK_DELAY (beyond prediction errors) and never past its deadline. It fills
-the gaps between live steps and rides along in live steps only where that costs them little.
-Bulk streams take the model's longest lookahead: the largest chunk, the cheapest per second of
-audio.
+- at most BULK_DELAY (a fraction of a one-stream step) after the live clock says its live
+  chunks, and the next live arrival that real-time pacing predicts (a late one counts as coming
+  now, until a budget late), would be served without bulk work.
+Bulk work also waits while a step with live chunks is in flight: the stages of two steps in
+flight share the machine (on a CPU, its cores). Measured on the live clock, delays do not add up
+over a run of busy steps: bulk work holds any live chunk at most BULK_DELAY (beyond prediction
+errors) and never past its deadline. It fills the gaps between live steps and rides along in
+live steps only where that costs them little. Bulk streams take the model's longest lookahead:
+the largest chunk, the cheapest per second of audio.
 
 Pure functions of their inputs (and the Timeline, a plain value), so the policy is tested on a
 simulated clock.

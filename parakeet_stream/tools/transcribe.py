@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         model = set_precision(load_model(args.model, args.device), args.dtype, args.quantize)
-        lookahead = model.encoder.check_lookahead(args.lookahead or bulk_lookahead(model.cfg.encoder.att_context_sizes))
+        modes = model.cfg.encoder.att_context_sizes
+        lookahead = model.encoder.check_lookahead(args.lookahead or bulk_lookahead(modes))
     except (ModelNotFound, ValueError) as exc:  # (DeviceError and PrecisionError are ValueErrors)
         offline = getattr(exc, "unreachable", False) and args.model in HUB_ALIASES
         hint = "; --model demo (the bundled demo model) needs no network" if offline else ""
