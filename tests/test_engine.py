@@ -49,6 +49,54 @@ def test_modes_batched_per_lookahead_match_solo(nemotron_model, wavs):
         assert [tokens_of(collect_until_final(engine, sid)) for sid in sids] == solo
 
 
+def chunks_per_step(engine: ASREngine) -> dict[int, int]:
+    """Spy on the encoder stage: the most chunks each stream had in one step, by stream id."""
+    most: dict[int, int] = {}
+    real = engine.runner.encode
+
+    def encode(step):
+        for item in step:
+            most[item.seq.stream_id] = max(most.get(item.seq.stream_id, 0), item.chunks)
+        return real(step)
+
+    engine.runner.encode = encode
+    return most
+
+
+def test_bulk_streams_beside_live_ones_match_solo(eou_model, wavs):
+    """Files (pushed whole, many chunks a step) beside live streams (pushed in 100 ms packets)."""
+    audios = varied_audios(wavs, 6)
+    with ASREngine(eou_model, max_num_streams=6) as engine:
+        solo = [tokens_of(run_stream(engine, a)) for a in audios]
+        most = chunks_per_step(engine)
+        files = [engine.create_stream(bulk=True) for _ in audios[:3]]
+        live = [engine.create_stream() for _ in audios[3:]]
+        for sid, a in zip(files, audios[:3]):
+            engine.push_audio(sid, a)
+            engine.finalize(sid)
+        for step in range(0, max(len(a) for a in audios[3:]), 1600):
+            for sid, a in zip(live, audios[3:]):
+                if step < len(a):
+                    engine.push_audio(sid, a[step : step + 1600])
+        for sid in live:
+            engine.finalize(sid)
+        assert [tokens_of(collect_until_final(engine, sid)) for sid in files + live] == solo
+    assert max(most[sid] for sid in files) > 1
+
+
+def test_bulk_streams_take_the_longest_lookahead_unless_told(nemotron_model, wavs):
+    audios = varied_audios(wavs, 4)
+    with ASREngine(nemotron_model, max_num_streams=4, lookahead=(70, 1)) as engine:
+        assert engine.info.bulk_lookahead == (70, 13) and engine.info.default_lookahead == (70, 1)
+        told = [None, None, (70, 0), (70, 6)]
+        solo = [tokens_of(run_stream(engine, a, mode or (70, 13))) for a, mode in zip(audios, told)]
+        sids = [engine.create_stream(mode, bulk=True) for mode in told]
+        for sid, a in zip(sids, audios):
+            engine.push_audio(sid, a)
+            engine.finalize(sid)
+        assert [tokens_of(collect_until_final(engine, sid)) for sid in sids] == solo
+
+
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20

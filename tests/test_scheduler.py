@@ -13,6 +13,7 @@ import pytest
 
 from parakeet_stream.engine.errors import QueueFull
 from parakeet_stream.engine.inbox import Inbox
+from parakeet_stream.engine.policy import StepCost
 from parakeet_stream.engine.scheduler import Scheduler
 from parakeet_stream.engine.sequence import Sequence, Status
 from parakeet_stream.model.conformer import chunk_spec
@@ -23,8 +24,8 @@ HOP, N_FFT, RATE = 160, 512, 16000
 _ids = iter(range(1, 10**6))
 
 
-def seq() -> Sequence:
-    return Sequence(next(_ids), MODE, Inbox(SPEC, HOP, N_FFT), front=None, decoding=None)
+def seq(bulk: bool = False) -> Sequence:
+    return Sequence(next(_ids), MODE, Inbox(SPEC, HOP, N_FFT), front=None, decoding=None, bulk=bulk)
 
 
 def scheduler(slots: int = 2, queue: int = 3) -> Scheduler:
@@ -102,6 +103,80 @@ def test_a_long_backlog_goes_in_several_steps():
         steps.append(sch.schedule())
         sch.postprocess(steps[-1])
     assert [(st.items[0].chunks, st.items[0].last) for st in steps] == [(4, False), (4, False), (2, True)]
+
+
+def measured(sch: Scheduler, *batches: tuple[int, float]) -> None:
+    """Give the Scheduler these measured round costs, (batch, seconds) each, and nothing else."""
+    sch.cost = StepCost()
+    for batch, seconds in batches:
+        sch.cost.record(batch, seconds)
+
+
+def test_a_bulk_stream_takes_many_chunks_a_step_once_steps_are_measured():
+    sch = Scheduler(1, 1, budget=0.32, sample_rate=RATE, max_chunks_per_step=8)
+    b = seq(bulk=True)
+    sch.add(b)
+    give_chunks(b, 20)
+    first = sch.schedule()
+    assert first.items[0].chunks == 1  # nothing measured: one round
+    sch.postprocess(first)
+    measured(sch, (1, 0.01))
+    second = sch.schedule()
+    assert second.items[0].chunks == 8
+    sch.postprocess(second)
+    measured(sch, (1, 0.05))
+    assert sch.schedule().items[0].chunks == 5  # 5 rounds of 50 ms leave a 50 ms step for a new live chunk in 320
+
+
+def live_and_bulk() -> tuple[Scheduler, Sequence, Sequence]:
+    """A live stream with one chunk ready and a file with 20, on a Scheduler that measured 50 ms for
+    one stream's step, 60 ms for two."""
+    sch = Scheduler(2, 1, budget=0.32, sample_rate=RATE, max_in_flight=2)
+    live, b = seq(), seq(bulk=True)
+    sch.add(live)
+    sch.add(b)
+    measured(sch, (1, 0.05), (2, 0.06))
+    give_chunks(b, 20)
+    give_chunks(live, 1)
+    return sch, live, b
+
+
+def test_bulk_work_gives_way_to_live_chunks_ready_and_due():
+    sch, live, b = live_and_bulk()
+    step = sch.schedule()
+    # one bulk row would make the live chunk 10 ms later, more than a tenth of a one-stream step
+    assert [(item.seq, item.chunks) for item in step] == [(live, 1)]
+    sch.postprocess(step)
+    measured(sch, (1, 0.05), (2, 0.06))
+    (item,) = sch.schedule().items
+    # it ends before the live stream's next chunk, predicted 2 packets (of 96 ms) after the first: 3 rounds,
+    # where the budget alone would allow 5
+    assert item.seq is b and 1 <= item.chunks <= 3
+
+
+def test_bulk_work_waits_while_a_live_step_is_in_flight():
+    sch, live, b = live_and_bulk()
+    step = sch.schedule()
+    later: list = []
+    waiter = threading.Thread(target=lambda: later.append(sch.schedule()))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()
+    sch.postprocess(step)
+    waiter.join(5)
+    assert [item.seq for item in later[0]] == [b]
+
+
+def test_a_bulk_stream_with_its_final_ends_in_one_step():
+    sch = Scheduler(1, 1, budget=0.32, sample_rate=RATE)
+    b = seq(bulk=True)
+    sch.add(b)
+    measured(sch, (1, 0.01))
+    give_chunks(b, 3)
+    b.inbox.add(np.zeros(100, np.float32))
+    sch.finalize(b)
+    (item,) = sch.schedule().items
+    assert (item.chunks, item.last) == (3, True)
 
 
 def test_final_while_waiting_is_kept_until_admission():

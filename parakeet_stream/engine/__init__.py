@@ -7,6 +7,8 @@ pipeline.py), the engine turns its tokens into results, the Scheduler takes it b
 
 Glossary (one word per concept):
 - stream: one client's audio, from create_stream to its final result; the API names it by id (`sid`).
+- live / bulk: a live stream's audio arrives in real time and its chunks have deadlines; a bulk
+  stream's audio (a file) is all there at once: no deadlines, the capacity live streams leave (policy.py).
 - sequence (`Sequence`, `seq`): the engine's object for one stream (sequence.py).
 - chunk: the audio one encoder step takes from one stream, lookahead included; it is ready
   once the samples whose frames reach its end (ChunkSpec.frames_through) arrived.

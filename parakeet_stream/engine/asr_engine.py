@@ -28,6 +28,7 @@ from .model_runner import ModelRunner
 from .memory import plan_memory, slot_bytes, stream_bytes
 from .options import auto_num_streams
 from .pipeline import DEPTH, Pipeline, Stage
+from .policy import bulk_lookahead
 from .results import DecoderProgress, ResultBuilder, StreamResult
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -90,6 +91,7 @@ class ASREngine:
             tokenizer=model.tokenizer,
             lookahead_modes=tuple(self.lookahead_modes),
             default_lookahead=self.default_lookahead,
+            bulk_lookahead=bulk_lookahead(self.lookahead_modes),
             chunk_seconds={mode: self.chunk_seconds(mode) for mode in self.lookahead_modes},
         )
 
@@ -128,8 +130,14 @@ class ASREngine:
             raise EngineError("bad_lookahead", str(exc)) from None
 
     # --- streams --------------------------------------------------------------------------
-    def create_stream(self, lookahead: Lookahead | None = None) -> int:
-        mode = self._check_lookahead(lookahead) if lookahead is not None else self.default_lookahead
+    def create_stream(self, lookahead: Lookahead | None = None, bulk: bool = False) -> int:
+        """A new stream (admitted now, or queued). A bulk stream's audio is all there at once (a file):
+        it has no deadlines and fills the capacity live streams leave (policy.py), in the longest
+        lookahead mode unless `lookahead` says otherwise."""
+        if lookahead is not None:
+            mode = self._check_lookahead(lookahead)
+        else:
+            mode = self.info.bulk_lookahead if bulk else self.default_lookahead
         sid = next(self._ids)
         spec, fcfg = self.model.encoder.chunk_spec(mode), self.model.cfg.features
         seq = Sequence(
@@ -138,6 +146,7 @@ class ASREngine:
             inbox=Inbox(spec, fcfg.hop_length, fcfg.n_fft),
             front=FrontEnd(self.model.features, spec),
             decoding=DecoderProgress(self.model.tokenizer),
+            bulk=bulk,
         )
         with self._lock:
             self._seqs[sid] = seq

@@ -59,6 +59,7 @@ class Inbox:
         self._ready_times: deque[float] = deque()  # arrival of the sample making each chunk ready, not yet taken
         self.samples_in = 0
         self._last_arrival = 0.0
+        self._last_push = 0  # samples of the last add: the client's packet
         self.chunks_ready = 0
         self._next_ready = self.samples_for(0)  # samples that make the next chunk ready
         self._lock = threading.Lock()
@@ -75,6 +76,7 @@ class Inbox:
             self._samples.append(samples)
             self.samples_in += samples.size
             self._last_arrival = now
+            self._last_push = samples.size or self._last_push
             before = self.chunks_ready
             while self.samples_in >= self._next_ready:
                 self._ready_times.append(now)
@@ -85,13 +87,16 @@ class Inbox:
     # --- the Scheduler ----------------------------------------------------------------------
     def next_chunk(self, sample_rate: int) -> tuple[float | None, float | None]:
         """(arrival time of the oldest ready chunk not taken yet, None); with none ready, (None,
-        when the next one will be at real-time pacing, or None before the first one)."""
+        when the next one will be, at real-time pacing in packets the size of the last one, or None
+        before the first one). A chunk comes with the packet that holds its last sample, so the
+        prediction is the arrival of that packet, not of the sample."""
         with self._lock:
             if self._ready_times:
                 return self._ready_times[0], None
             if not self.chunks_ready:
                 return None, None
-            return None, self._last_arrival + (self._next_ready - self.samples_in) / sample_rate
+            packets = -(-(self._next_ready - self.samples_in) // self._last_push)
+            return None, self._last_arrival + packets * self._last_push / sample_rate
 
     def take_ready(self, n: int) -> list[float]:
         """Arrival times of the next `n` ready chunks (the Scheduler schedules them)."""

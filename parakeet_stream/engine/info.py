@@ -15,6 +15,7 @@ class EngineInfo:
     tokenizer: Tokenizer | None
     lookahead_modes: tuple[Lookahead, ...]
     default_lookahead: Lookahead
+    bulk_lookahead: Lookahead  # what a bulk stream (a file) takes unless told: the longest (policy.py)
     chunk_seconds: dict[Lookahead, float]  # audio per encoder step in each mode
 
     def modes_text(self) -> str:

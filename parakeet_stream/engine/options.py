@@ -25,7 +25,8 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quantize", default=None, choices=QUANTIZE, help="dynamic int8 encoder matmuls (CPU only)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads per model stage on CPU (default: usable cores)")
     ap.add_argument("--lookahead", "--att-context-size", type=_lookahead, default=None,
-                    help="default lookahead mode L,R (attention context frames), e.g. 70,1 (default: the model's first)")
+                    help="default lookahead mode L,R (attention context frames), e.g. 70,1 (default: the model's first; "
+                         "for files, the longest)")
     ap.add_argument("--latency-budget", type=float, default=None,
                     help="seconds a chunk may take from its last sample to its result; steps are batched within it "
                          "(default: two chunks)")

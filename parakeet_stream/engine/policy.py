@@ -1,17 +1,42 @@
 """The batching policy: when to run the next step and which streams' chunks go in it.
 
-Every chunk has a deadline: the arrival of the last sample it needs plus the latency budget.
-A step's cost grows slowly with its batch (a step is mostly reading the weights). While a
-step runs, whatever arrives batches into the next one by itself; when the model falls idle
-under load, it pays to hold a ready chunk until the other streams' chunks, due shortly, can
-share its step, as long as the earliest deadline still holds. Under light load nothing waits.
-Pure functions of their inputs, so the policy is tested on a simulated clock.
+Two kinds of stream. A live stream's chunk has a deadline: the arrival of the last sample it
+needs plus the latency budget. A bulk stream (a file: its audio is all there at once) has no
+deadline; it has the lowest priority and takes whatever capacity the live streams leave.
+
+Live chunks (`plan`): earliest deadline first. A step's cost grows slowly with its batch (a step
+is mostly reading the weights). While a step runs, whatever arrives batches into the next one by
+itself; when the model falls idle under load, it pays to hold a ready chunk until the other
+streams' chunks, due shortly, can share its step, as long as the earliest deadline still holds.
+Under light load nothing waits; while bulk work is waiting nothing waits either: the idle time
+that holding would trade goes to bulk work instead.
+
+Bulk chunks (`fill`): after the live chunks, a step takes bulk work at the largest batch first
+(every bulk stream, up to the batch limit), then as many of each one's backlogged chunks
+(rounds) as fit. A `Timeline` keeps two predicted clocks: when the work handed to the model is
+done, and when its live part alone would be (the step without its bulk work, started when its
+first live chunk arrived or the live work before it was done). A step with bulk work must end
+- by every live deadline: its own live chunks' and, for a live chunk that arrives just as it
+  starts (a new stream, a final: not foreseen), early enough that the next step still serves it
+  within the budget;
+- at most BULK_DELAY (a fraction of a one-stream step) after the live clock says its live
+  chunks, and the next live arrival that real-time pacing predicts (a late one counts as coming
+  now, until a budget late), would be served without bulk work.
+Bulk work also waits while a step with live chunks is in flight: the stages of two steps in
+flight share the machine (on a CPU, its cores). Measured on the live clock, delays do not add up
+over a run of busy steps: bulk work holds any live chunk at most BULK_DELAY (beyond prediction
+errors) and never past its deadline. It fills the gaps between live steps and rides along in
+live steps only where that costs them little. Bulk streams take the model's longest lookahead:
+the largest chunk, the cheapest per second of audio.
+
+Pure functions of their inputs (and the Timeline, a plain value), so the policy is tested on a
+simulated clock.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -20,18 +45,42 @@ GRACE = 0.005  # arrivals are predicted from real-time pacing: allow this much j
 # need; above, the model has no idle time to trade for bigger steps (measured on CPU: waiting
 # there raised p95 latency 2-3x at 8 streams; see docs/performance.md).
 LOADED, SATURATED = 0.5, 0.8
+BULK_DELAY = 0.1  # bulk work may hold a live chunk this fraction of a one-stream step beyond its time without it
 
 
 class StepCost:
-    """Measured seconds of a whole step by batch size (moving average), to predict steps not yet run."""
+    """Measured seconds of one round by its batch (moving average), to predict steps not yet run.
+
+    A step of one chunk per stream is one round; a step whose streams take several chunks runs
+    them in rounds, one after the other (model_runner.py). Seconds are wall time from scheduling
+    to results, so a step that queued behind the one in flight counts its wait: predictions err
+    long, and bulk work takes less room than it could, never more.
+    """
 
     def __init__(self, alpha: float = 0.3):
         self.alpha = alpha
         self._seconds: dict[int, float] = {}
 
+    @property
+    def measured(self) -> bool:
+        return bool(self._seconds)
+
+    def knows(self, batch: int) -> bool:
+        """A batch this size or smaller was measured: its cost is not just bounded by a larger one's."""
+        return any(b <= batch for b in self._seconds)
+
     def record(self, batch: int, seconds: float) -> None:
         old = self._seconds.get(batch)
         self._seconds[batch] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def record_step(self, chunks: list[int], seconds: float) -> None:
+        """A step with `chunks` per stream (at least 1 each) took `seconds`: its rounds at their mean batch."""
+        rounds = max(chunks)
+        self.record(round(sum(chunks) / rounds), seconds / rounds)
+
+    def step(self, chunks: list[int]) -> float:
+        """Predicted seconds of a step with `chunks` per stream (at least 1 each)."""
+        return sum(self(sum(1 for c in chunks if c > r)) for r in range(max(chunks, default=0)))
 
     def __call__(self, batch: int) -> float:
         if batch <= 0 or not self._seconds:
@@ -52,6 +101,59 @@ class StepCost:
 class Ready(Generic[T]):
     ready_at: float  # arrival of the last sample its oldest unscheduled chunk needs
     item: T
+    chunks: int = 1  # its ready chunks not scheduled (0: only its last, partial chunk is left)
+
+
+@dataclass
+class Backlog(Generic[T]):
+    since: float  # arrival of its oldest chunk not scheduled: bulk streams are served first come, first served
+    chunks: int  # whole chunks ready (0: only its last, partial chunk is left)
+    item: T
+
+
+@dataclass
+class Timeline:
+    """Predicted ends of the work handed to the model: all of it (`free_at`), and its live part
+    alone (`live_free_at`); the gap is how late bulk work has made the live work."""
+
+    free_at: float = 0.0
+    live_free_at: float = 0.0
+
+    def live_done(self, live: list[tuple[float, int]], now: float, cost: StepCost) -> float:
+        """When a step of these live chunks ((ready_at, chunks) each) would be done without bulk work."""
+        if not live:
+            return max(now, self.live_free_at)
+        return max(min(t for t, _ in live), self.live_free_at) + cost.step([max(c, 1) for _, c in live])
+
+    def add(self, live: list[tuple[float, int]], chunks: list[int], now: float, cost: StepCost) -> None:
+        """A step was handed to the model: its live chunks and every stream's chunks."""
+        if live:
+            self.live_free_at = self.live_done(live, now, cost)
+        self.free_at = max(now, self.free_at) + cost.step([max(c, 1) for c in chunks])
+
+    def idle(self, now: float) -> None:
+        """Nothing is in flight: no work is pending, whatever the predictions said."""
+        self.free_at = now
+        self.live_free_at = min(self.live_free_at, now)
+
+
+def decide(ready: list[Ready[T]], upcoming: list[float], backlogs: list[Backlog[T]], live_streams: int, now: float,
+           timeline: Timeline, cost: StepCost, budget: float, max_batch: int, max_rounds: int, loaded: bool,
+           live_in_flight: bool) -> tuple[list[tuple[T, int]], float | None]:
+    """The next step as (stream, chunks to take) pairs: live streams by `plan`, each taking its
+    ready chunks up to `max_rounds`, then bulk work by `fill`; or ([], seconds to wait before
+    deciding again, None: until something changes). loaded: the model is idle but loaded (see
+    `plan`'s align); live_in_flight: a step with live chunks is in flight, and bulk work waits for
+    it (the stages of two steps in flight share the machine: on a CPU, the cores); the other
+    arguments are `fill`'s."""
+    backlogs = [] if live_in_flight else backlogs
+    live, timeout = plan(ready, upcoming, now, cost, budget, max_batch, align=loaded and not backlogs)
+    by_item = {r.item: r for r in ready}
+    chunks = [(by_item[item].ready_at, min(by_item[item].chunks, max_rounds)) for item in live]
+    bulk, wait = fill(backlogs, chunks, upcoming, live_streams, now, timeline, cost, budget, max_batch, max_rounds)
+    if live or bulk:
+        return [(item, max_rounds) for item in live] + bulk, None
+    return [], min((t for t in (timeout, wait) if t is not None), default=None)
 
 
 def plan(ready: list[Ready[T]], upcoming: list[float], now: float, cost: StepCost, budget: float,
@@ -80,3 +182,68 @@ def plan(ready: list[Ready[T]], upcoming: list[float], now: float, cost: StepCos
     if joined == 0:
         return batch, None
     return [], max(coming[joined - 1] + GRACE - now, 0.0005)
+
+
+def fill(backlogs: list[Backlog[T]], live: list[tuple[float, int]], upcoming: list[float], live_streams: int,
+         now: float, timeline: Timeline, cost: StepCost, budget: float, max_batch: int, max_rounds: int,
+         ) -> tuple[list[tuple[T, int]], float | None]:
+    """Bulk work for the next step, after its live chunks (see the module docstring).
+
+    backlogs: bulk streams with work; live: (ready_at, chunks) of the live streams in the step;
+    upcoming: predicted arrivals of the other live streams' next chunks; live_streams: live
+    streams running; timeline: the work in flight.
+    Returns ([(stream, chunks to take)], None), or, when no bulk work fits, ([], seconds to wait
+    before deciding again: until the earliest predicted live arrival is stale) or ([], None).
+    """
+    room = max_batch - len(live)
+    # what bulk work adds to live chunks is known only once a step of theirs alone was measured
+    if not backlogs or room <= 0 or (live and not cost.knows(len(live))):
+        return [], None
+    start = max(now, timeline.free_at)
+    live_chunks = [max(c, 1) for _, c in live]
+    # a chunk late on its prediction is still coming (a client's pacing jitters) until a budget has passed
+    due = [t for t in upcoming if t > now - budget]
+    end = _latest_end(live, due, live_streams, now, timeline.live_done(live, now, cost), cost, budget)
+    queue = sorted(backlogs, key=lambda b: b.since)[:room]
+
+    def fits(rows: int, rounds: int) -> bool:
+        bulk = [min(max(b.chunks, 1), rounds) for b in queue[:rows]]
+        return start + cost.step(live_chunks + bulk) <= end
+
+    rows = _most(lambda n: fits(n, 1), len(queue))  # the largest batch first,
+    if rows == 0:
+        return [], max(min(due) + budget - now, 0.0005) if due and not live else None
+    # then as many rounds as fit (one until a step was measured: an unmeasured step costs 0)
+    rounds = _most(lambda n: fits(rows, n), max_rounds if cost.measured else 1)
+    return [(b.item, min(b.chunks, rounds)) for b in queue[:rows]], None
+
+
+def _latest_end(live: list[tuple[float, int]], due: list[float], live_streams: int, now: float,
+                live_done: float, cost: StepCost, budget: float) -> float:
+    """When a step carrying bulk work must be done; live_done: when the live clock says its live
+    chunks (or, with none, the live work before it) would be done without bulk work."""
+    # a live chunk nobody foresaw (a new stream, a final) that arrives now is served by the next step in time
+    end = now + budget - GRACE - cost(live_streams + 1)
+    tolerance = BULK_DELAY * cost(1)  # a live chunk takes at least a step of its own: at most BULK_DELAY more
+    if live:
+        end = min(end, min(t for t, _ in live) + budget, live_done + tolerance)
+    if due:  # the next live arrival, served when it comes (now, if late) or when the live work before it is done
+        end = min(end, max(live_done, min(max(t, now) for t in due) - GRACE) + tolerance)
+    return end
+
+
+def _most(fits: Callable[[int], bool], limit: int) -> int:
+    """The largest n in 0..limit that fits (0 if none), for `fits` true up to some n and false beyond."""
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def bulk_lookahead(modes: list[tuple[int, int]]) -> tuple[int, int]:
+    """The mode bulk streams take unless told: the longest lookahead (the largest chunk: fewest steps per second)."""
+    return max(modes, key=lambda mode: mode[1])

@@ -1,7 +1,8 @@
 """The Scheduler: every stream's lifecycle, admission, and what the model runs next.
 
 As nano-vllm's: `schedule()` picks the next step (which streams, how many of their chunks)
-by the deadline policy in policy.py; the runner executes it; `postprocess()` takes it back,
+by the policy in policy.py: live streams' chunks by their deadlines, then bulk streams' backlogs
+in the room the live ones leave; the runner executes it; `postprocess()` takes it back,
 releases finished streams' slots and admits waiting ones. A stream's lifecycle (status, slot,
 steps in flight, chunks scheduled, its final's time) changes here only, under one lock.
 """
@@ -13,7 +14,7 @@ import time
 from collections import deque
 
 from .errors import QueueFull
-from .policy import LOADED, SATURATED, Ready, StepCost, plan
+from .policy import LOADED, SATURATED, Backlog, Ready, StepCost, Timeline, decide
 from .sequence import DEAD, Sequence, Status
 from .step import Step, StepItem
 
@@ -35,6 +36,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
         self._steps_in_flight = 0
+        self._live_steps_in_flight = 0  # of them, steps with live chunks
+        self._timeline = Timeline()  # when the steps in flight are predicted to be done
         self._busy: deque[tuple[float, float]] = deque()  # (end, seconds) of recent steps
         self._stopped = False
         self._cv = threading.Condition()
@@ -92,11 +95,9 @@ class Scheduler:
                 timeout = None
                 if self._steps_in_flight < self.max_in_flight:
                     now = time.monotonic()
-                    ready, upcoming = self._candidates(now)
-                    align = self._steps_in_flight == 0 and LOADED <= self._busy_fraction(now) < SATURATED
-                    batch, timeout = plan(ready, upcoming, now, self.cost, self.budget, self.max_batch, align)
-                    if batch:
-                        return self._make_step(batch, now)
+                    step, timeout = self._plan(now)
+                    if step is not None:
+                        return step
                 self._cv.wait(timeout)
             return None
 
@@ -105,10 +106,13 @@ class Scheduler:
         now = time.monotonic()
         with self._cv:
             self._steps_in_flight -= 1
+            self._live_steps_in_flight -= _has_live(step)
             # wall time from scheduling to results: what a deadline sees (queueing behind the other step included)
             seconds = now - step.started
             if not failed:
-                self.cost.record(len(step), seconds)
+                self.cost.record_step([max(item.chunks, 1) for item in step], seconds)
+            if self._steps_in_flight == 0:
+                self._timeline.idle(now)
             self._busy.append((now, sum(step.seconds.values())))
             newly_failed, changed = [], []
             for item in step:
@@ -138,24 +142,48 @@ class Scheduler:
             }
 
     # --- internals (lock held) ----------------------------------------------------------------
-    def _candidates(self, now: float) -> tuple[list[Ready[Sequence]], list[float]]:
-        ready, upcoming = [], []
+    def _plan(self, now: float) -> tuple[Step | None, float | None]:
+        """The next step by the policy, or (None, seconds to wait before deciding again)."""
+        ready, upcoming, backlogs, live_streams = self._candidates(now)
+        loaded = self._steps_in_flight == 0 and LOADED <= self._busy_fraction(now) < SATURATED
+        chosen, timeout = decide(ready, upcoming, backlogs, live_streams, now, self._timeline, self.cost, self.budget,
+                                 self.max_batch, self.max_chunks_per_step, loaded, self._live_steps_in_flight > 0)
+        if not chosen:
+            return None, timeout
+        step = self._make_step(chosen, now)
+        ready_at = {r.item: r.ready_at for r in ready}
+        live = [(ready_at[item.seq], item.chunks) for item in step if not item.seq.bulk]
+        self._timeline.add(live, [item.chunks for item in step], now, self.cost)
+        return step, None
+
+    def _candidates(self, now: float) -> tuple[list[Ready[Sequence]], list[float], list[Backlog[Sequence]], int]:
+        """Live streams with a ready chunk, the predicted arrivals of the other live streams' next
+        chunks, bulk streams with work, and how many live streams are running."""
+        ready, upcoming, backlogs, live_streams = [], [], [], 0
         for seq in self.active.values():
             if seq.last_scheduled or seq.status in DEAD:
                 continue
+            live_streams += not seq.bulk
             ready_at, due = seq.inbox.next_chunk(self.sample_rate)
-            if ready_at is not None:
-                ready.append(Ready(ready_at, seq))
-            elif seq.status is Status.FINALIZING:
-                ready.append(Ready(seq.final_at, seq))
-            elif due is not None:
+            if ready_at is None and seq.status is Status.FINALIZING:
+                ready_at = seq.final_at
+            if seq.bulk and ready_at is not None:
+                backlogs.append(Backlog(ready_at, self._pending(seq), seq))
+            elif ready_at is not None:
+                ready.append(Ready(ready_at, seq, self._pending(seq)))
+            elif due is not None and not seq.bulk:
                 upcoming.append(due)
-        return ready, upcoming
+        return ready, upcoming, backlogs, live_streams
 
-    def _make_step(self, seqs: list[Sequence], now: float) -> Step:
+    def _pending(self, seq: Sequence) -> int:
+        """Its ready chunks not scheduled yet."""
+        return seq.inbox.chunks_ready - seq.chunks_scheduled
+
+    def _make_step(self, chosen: list[tuple[Sequence, int]], now: float) -> Step:
+        """A step of the chosen streams, each with up to its number of ready chunks."""
         items = []
-        for seq in seqs:
-            times = seq.inbox.take_ready(self.max_chunks_per_step)
+        for seq, n in chosen:
+            times = seq.inbox.take_ready(n)
             first = seq.chunks_scheduled == 0
             seq.chunks_scheduled += len(times)
             # a long backlog goes in several steps so that live streams are not held behind it
@@ -166,8 +194,10 @@ class Scheduler:
             seq.last_scheduled = last
             seq.in_flight += 1
             items.append(StepItem(seq, seq.slot, len(times), last, first, times, seq.final_at, upto))
+        step = Step(items, now)
         self._steps_in_flight += 1
-        return Step(items, now)
+        self._live_steps_in_flight += _has_live(step)
+        return step
 
     def _busy_fraction(self, now: float) -> float:
         while self._busy and self._busy[0][0] < now - BUSY_WINDOW:
@@ -193,3 +223,7 @@ class Scheduler:
             admitted.append(nxt)
         self._cv.notify_all()
         return admitted + (list(self.waiting) if admitted else [])
+
+
+def _has_live(step: Step) -> bool:
+    return any(not item.seq.bulk for item in step)

@@ -40,6 +40,7 @@ class Sequence:
     front: FrontEnd
     decoding: DecoderProgress
     outbox: Outbox = field(default_factory=Outbox)
+    bulk: bool = False  # its audio is all there at once (a file): no deadlines, spare capacity only (policy.py)
     # lifecycle: written by the Scheduler only, under its lock; the others read it
     status: Status = Status.WAITING
     slot: int | None = None

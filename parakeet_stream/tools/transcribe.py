@@ -1,8 +1,9 @@
 """`parakeet-transcribe`: transcribe audio files through the cache-aware streaming engine.
 
-Every file becomes a stream of the engine, fed by the server's file path (server/files: decoded
-block by block, pushed as fast as the engine takes it); as many files as the engine has slots
-are decoded together in its batches. Output: text, JSON, or SRT / WebVTT subtitles, printed or
+Every file becomes a bulk stream of the engine, fed by the server's file path (server/files:
+decoded block by block, pushed as fast as the engine takes it); as many files as the engine has
+slots are decoded together in its batches, many chunks a step, in the model's longest lookahead
+mode unless --lookahead says otherwise. Output: text, JSON, or SRT / WebVTT subtitles, printed or
 written to `--out DIR`. `--offline` runs the whole-utterance forward instead, for comparison.
 """
 
@@ -24,6 +25,7 @@ from .. import subtitles
 from ..audio import AudioError, check_file, read_audio
 from ..engine import ASREngine
 from ..engine.options import add_engine_arguments, engine_options
+from ..engine.policy import bulk_lookahead
 from ..host import single_threaded_host
 from ..model.errors import ModelNotFound
 from ..model.loading import load_model
@@ -129,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         model = set_precision(load_model(args.model, args.device), args.dtype, args.quantize)
-        lookahead = model.encoder.check_lookahead(args.lookahead)
+        modes = model.cfg.encoder.att_context_sizes
+        lookahead = model.encoder.check_lookahead(args.lookahead or bulk_lookahead(modes))
     except (ModelNotFound, ValueError) as exc:  # (DeviceError and PrecisionError are ValueErrors)
         offline = getattr(exc, "unreachable", False) and args.model in HUB_ALIASES
         hint = "; --model demo (the bundled demo model) needs no network" if offline else ""

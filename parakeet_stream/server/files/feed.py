@@ -1,10 +1,11 @@
-"""How a file's audio enters the engine: the one place that paces bulk work.
+"""How a file's audio enters the engine: the one place that feeds bulk work.
 
-A file's audio is all there at once. It goes to its engine stream as fast as the stream's
-backlog budget allows: once admitted (nothing is pushed while the stream waits in the queue),
-a block is read (decoded in a worker thread, `in_worker_thread`) and pushed whenever a block's
-worth of the budget is free; the results the engine returns tell how much it has consumed. A policy that
-weighs bulk work against live streams' deadlines would decide here how much to push and when.
+A file's audio is all there at once, so its engine stream is a bulk stream: the engine's
+Scheduler runs it in the capacity live streams leave, many chunks a step, and gives way to
+their deadlines (engine/policy.py). Here it is only kept fed, as far as the stream's backlog
+budget allows: once admitted (nothing is pushed while the stream waits in the queue), a block is
+read (decoded in a worker thread, `in_worker_thread`) and pushed whenever a block's worth of the
+budget is free; the results the engine returns tell how much it has consumed.
 """
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ async def feed_file(
     budget_samples: int,
     lookahead: tuple[int, int] | None = None,
 ) -> int:
-    """Transcribe the audio `read` yields as one engine stream; `on_result` gets every result in
-    order, the final one last. Returns the samples pushed. `read`'s exceptions propagate, and
-    QueueFull when the engine has no place. The stream is cancelled if this is interrupted."""
+    """Transcribe the audio `read` yields as one bulk engine stream (in `lookahead`, else the
+    engine's bulk mode); `on_result` gets every result in order, the final one last. Returns the
+    samples pushed. `read`'s exceptions propagate, and QueueFull when the engine has no place.
+    The stream is cancelled if this is interrupted."""
     wakeup = Wakeup()
-    sid = engine.create_stream(lookahead)
+    sid = engine.create_stream(lookahead, bulk=True)
     block = max(1, min(int(BLOCK_SECONDS * engine.info.sample_rate), budget_samples // 2))
     pushed = consumed = 0
     ended = finished = False
