@@ -151,7 +151,7 @@ async def test_sdk_transcript_matches_native(engine, sentence):
     for m in finals(messages):
         alternative = m["channel"]["alternatives"][0]
         mean = sum(w["confidence"] for w in alternative["words"]) / max(1, len(alternative["words"]))
-        assert alternative["confidence"] == pytest.approx(mean, abs=1e-4)
+        assert alternative["confidence"] == pytest.approx(mean, abs=1e-3)
 
 
 # what LiveKit Agents' Deepgram plugin puts on every connection (its defaults)

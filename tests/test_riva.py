@@ -171,7 +171,7 @@ async def test_streaming_matches_native(engine, sentence):
         # the model's confidence (server/words.py): per word in (0, 1], the alternative's their mean
         confidences = [w.confidence for w in alternative.words]
         assert all(0 < c <= 1 for c in confidences) and min(confidences) < 1
-        assert alternative.confidence == pytest.approx(sum(confidences) / len(confidences), abs=1e-4)
+        assert alternative.confidence == pytest.approx(sum(confidences) / len(confidences), abs=1e-3)
     printed = io.StringIO()  # the client's own printer reads every response
     riva_client.print_streaming(iter(responses), output_file=[printed], additional_info="time", word_time_offsets=True)
     assert expected.split()[-1] in printed.getvalue()

@@ -57,7 +57,7 @@ def timed_tokens(result: StreamResult, offset: float = 0.0) -> list[TimedToken]:
 
 def transcript_confidence(words: list[dict]) -> float:
     """The confidence of a transcript made of these words (0.0 without words)."""
-    return round(sum(w["confidence"] for w in words) / len(words), 4) if words else 0.0
+    return round(sum(w["confidence"] for w in words) / len(words), 3) if words else 0.0
 
 
 class WordTracker:
@@ -126,4 +126,5 @@ def _timed(pieces: Pieces, frame: float, groups: list[list[TimedToken]], limit: 
 
 def word_confidence(tokens: list[TimedToken]) -> float:
     """The lowest confidence of the word's tokens (see the module docstring)."""
-    return round(min(p for _, _, p in tokens), 4)
+    # to 3 decimals, never 0: the best of V labels has a probability of at least 1/V
+    return max(round(min(p for _, _, p in tokens), 3), 0.001)
