@@ -14,7 +14,7 @@ import copy
 import torch
 
 from parakeet_stream.engine.model_runner import ModelRunner
-from parakeet_stream.model.greedy import GreedyPass, unpack
+from parakeet_stream.model.greedy import GreedyPass, unpack, unpack_scored
 from parakeet_stream.model.precision import set_precision
 from parakeet_stream.model.rnnt import DecoderState
 
@@ -94,7 +94,8 @@ def check_decoder(runner: ModelRunner, mode, steps: int = 10, blank_bias: float 
             enc = torch.randn(n, frames, runner.model.cfg.encoder.d_model, generator=gen).to(dev)
             lengths = torch.randint(0, frames + 1, (n,), generator=gen).to(dev)
             slots = slots.to(dev)
-            ours = unpack(runner.decoders[mode](enc, lengths, slots).cpu().numpy())
+            ours = [[(label, frame) for label, frame, _ in stream]
+                    for stream in unpack_scored(runner.decoders[mode](enc, lengths, slots).cpu().numpy())]
             done = GreedyPass(decoder, enc, lengths, eager.gather(slots)).run()
             eager.scatter(slots, DecoderState(*done.state()))
             assert ours == unpack(done.packed().cpu().numpy()), (mode, k)

@@ -147,6 +147,12 @@ async def test_sdk_transcript_matches_native(engine, sentence):
         m_words = m["channel"]["alternatives"][0]["words"]
         assert all(m["start"] <= w["start"] for w in m_words)
         assert all(w["end"] <= m["start"] + m["duration"] + 1e-3 for w in m_words)
+    # confidence: the model's (server/words.py), per word in (0, 1], an alternative's their mean
+    assert all(0 < w["confidence"] <= 1 for w in words) and min(w["confidence"] for w in words) < 1
+    for m in finals(messages):
+        alternative = m["channel"]["alternatives"][0]
+        mean = sum(w["confidence"] for w in alternative["words"]) / max(1, len(alternative["words"]))
+        assert alternative["confidence"] == pytest.approx(mean, abs=1e-3)
 
 
 # what the frameworks' Deepgram services put on every connection (their defaults): LiveKit

@@ -24,7 +24,7 @@ def plain_tok(nemotron_model):
 def test_text_of_the_chunks_adds_up_to_the_tokenizers_and_the_final_flushes(plain_tok):
     ids = plain_tok.encode("hello world again")
     builder, progress = ResultBuilder(FS, None, 10), DecoderProgress(plain_tok)
-    parts = [builder.build(1, progress, [(i, 0)], 2, False, 0.01) for i in ids]
+    parts = [builder.build(1, progress, [(i, 0, 1.0)], 2, False, 0.01) for i in ids]
     final = builder.build(1, progress, [], 0, True, None)
     assert "".join(r.text for r in parts) + final.text == plain_tok.decode(ids)
     assert [r.token_ids for r in parts] == [[i] for i in ids] and final.token_ids == []
@@ -35,10 +35,11 @@ def test_text_of_the_chunks_adds_up_to_the_tokenizers_and_the_final_flushes(plai
 def test_token_times_count_from_the_start_of_the_stream(plain_tok):
     a, b, c = plain_tok.encode("one two three")[:3]
     builder, progress = ResultBuilder(FS, None, 100), DecoderProgress(plain_tok)
-    first = builder.build(1, progress, [(a, 1), (b, 3)], 4, False, 0.0)
+    first = builder.build(1, progress, [(a, 1, 0.9), (b, 3, 0.5)], 4, False, 0.0)
     empty = builder.build(1, progress, [], 4, False, 0.0)
-    third = builder.build(1, progress, [(c, 2)], 4, False, 0.0)
+    third = builder.build(1, progress, [(c, 2, 1.0)], 4, False, 0.0)
     assert first.token_times == pytest.approx([1 * FS, 3 * FS])
+    assert first.token_confidences == [0.9, 0.5] and empty.token_confidences == []
     assert (first.start, first.end) == pytest.approx((1 * FS, 3 * FS))
     assert (empty.start, empty.end, empty.token_times) == (None, None, [])
     assert third.token_times == pytest.approx([10 * FS]) and third.start == pytest.approx(10 * FS)
@@ -49,12 +50,12 @@ def test_eou_token_ends_the_utterance(eou_tok):
     word = eou_tok.encode("hello")[0]
     eou = eou_tok.eou_id
     builder, progress = ResultBuilder(FS, eou, 1), DecoderProgress(eou_tok)
-    assert not builder.build(1, progress, [(word, 0)], 4, False, 0.0).utterance_end
+    assert not builder.build(1, progress, [(word, 0, 1.0)], 4, False, 0.0).utterance_end
     assert not builder.build(1, progress, [], 4, False, 0.0).utterance_end  # blanks do not end it with <EOU>
-    ended = builder.build(1, progress, [(word, 0), (eou, 1)], 4, False, 0.0)
+    ended = builder.build(1, progress, [(word, 0, 1.0), (eou, 1, 1.0)], 4, False, 0.0)
     assert ended.utterance_end and "<EOU>" not in ended.text
     assert not progress.utterance_has_tokens
-    after = builder.build(1, progress, [(eou, 0), (word, 2)], 4, False, 0.0)
+    after = builder.build(1, progress, [(eou, 0, 1.0), (word, 2, 1.0)], 4, False, 0.0)
     assert after.utterance_end and progress.utterance_has_tokens  # a token after <EOU> opens the next one
 
 
@@ -62,7 +63,7 @@ def test_without_eou_a_run_of_blank_frames_ends_the_utterance_once(plain_tok):
     word = plain_tok.encode("hello")[0]
     builder, progress = ResultBuilder(FS, None, 6), DecoderProgress(plain_tok)
     ends = [builder.build(1, progress, tokens, 4, False, 0.0).utterance_end
-            for tokens in ([], [(word, 1)], [], [], [], [])]
+            for tokens in ([], [(word, 1, 1.0)], [], [], [], [])]
     # the token is at frame 5; frames 6..11 are the six blank ones: the third chunk (frames 8..11) ends it
     assert ends == [False, False, True, False, False, False]
     assert not progress.utterance_has_tokens

@@ -86,6 +86,7 @@ async def test_results_carry_each_word_once_with_times(engine, sentence):
         results = await transcribe_raw(url(ctx, "ws"), sentence)
     words = [w for r in results for w in r["words"]]
     assert [w["word"] for w in words] == results[-1]["text"].split() and words
+    assert all(0 < w["confidence"] <= 1 for w in words) and min(w["confidence"] for w in words) < 1
     ends = [0.0] + [w["end"] for w in words]
     for previous_end, word in zip(ends, words):
         assert previous_end <= word["start"] <= word["end"] <= results[-1]["audio_seconds"]

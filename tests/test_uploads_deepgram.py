@@ -58,10 +58,12 @@ async def test_sdk_transcript_matches_the_streaming_path_with_words_in_order(eng
         native = (await transcribe_raw(url(ctx, "ws"), sentence))[-1]["text"].strip()
         response = await transcribe_file(ctx, wav, model="nova-3", smart_format=True, punctuate=True, language="en")
     best = alternative(response)
-    assert native and best["transcript"] == native and best["confidence"] == 1.0
+    assert native and best["transcript"] == native
     words = best["words"]
     assert " ".join(w["word"] for w in words) == native
-    assert all(w["punctuated_word"] == w["word"] and w["confidence"] == 1.0 for w in words)
+    assert all(w["punctuated_word"] == w["word"] and 0 < w["confidence"] <= 1 for w in words)
+    confidences = [w["confidence"] for w in words]  # the model's (server/words.py): the alternative's is their mean
+    assert min(confidences) < 1 and best["confidence"] == pytest.approx(sum(confidences) / len(confidences), abs=1e-3)
     assert all(a["end"] <= b["start"] + 1e-6 and a["start"] <= a["end"] for a, b in zip(words, words[1:]))
     metadata = response["metadata"]
     assert metadata["duration"] == pytest.approx(len(sentence) / 16000, abs=0.01)

@@ -23,7 +23,7 @@ import torch
 from ..model.device import to_device
 from ..model.config import Lookahead
 from ..model.conformer import EncoderCache
-from ..model.greedy import GreedyPass, unpack
+from ..model.greedy import GreedyPass, unpack_scored
 from ..model.parakeet import ParakeetModel
 from ..model.rnnt import DecoderState
 from . import chunker
@@ -114,7 +114,7 @@ class ModelRunner:
             enc = batch.encoded if static else batch.encoded.float()
             packed.append((static or self._greedy)(enc, batch.lengths, batch.slots))
         for batch, rows in zip(step.batches, self._fetch(packed)):
-            for item, found in zip(batch.items, unpack(rows)):
+            for item, found in zip(batch.items, unpack_scored(rows)):
                 item.tokens.append(found)
 
     # --- internals ---------------------------------------------------------------------------
@@ -139,10 +139,10 @@ class ModelRunner:
         return self.model.encoder.stream_layers(x, lengths, self.cache, slots, mode)
 
     def _greedy(self, enc, lengths, slots, guard=None) -> torch.Tensor:
-        """The greedy pass of the streams at `slots`, their decoder state carried in the pool; packed labels."""
+        """The greedy pass of the streams at `slots`, their decoder state carried in the pool; labels with their probabilities (GreedyPass.scored)."""
         done = GreedyPass(self.model.decoder, enc, lengths, self.decoder_state.gather(slots)).run(guard)
         self.decoder_state.scatter(slots, DecoderState(*done.state()))
-        return done.packed()
+        return done.scored()
 
     def _static_batches(self) -> None:
         """The encoder layers and the greedy pass of every mode as static batches; the graphs of each

@@ -23,6 +23,7 @@ class StreamResult:
     start: float | None = None
     end: float | None = None
     token_times: list[float] = field(default_factory=list)  # stream seconds of each new token's frame
+    token_confidences: list[float] = field(default_factory=list)  # each new token's probability, in (0, 1]
     audio_seconds: float = 0.0
     latency: float | None = None
     error: str | None = None
@@ -32,6 +33,7 @@ class StreamResult:
         self.token_ids += later.token_ids
         self.text += later.text
         self.token_times += later.token_times
+        self.token_confidences += later.token_confidences
         self.is_final |= later.is_final
         self.utterance_end |= later.utterance_end
         self.start = self.start if self.start is not None else later.start
@@ -67,9 +69,10 @@ class ResultBuilder:
 
     def build(self, stream_id: int, progress: DecoderProgress, tokens: list[tuple[int, int]], frames: int,
               final: bool, latency: float | None) -> StreamResult:
-        """tokens: (id, frame within the chunk); frames: encoder frames of the chunk; final: the stream's last result."""
-        ids = [tok for tok, _ in tokens]
-        at = [progress.frames_decoded + t for _, t in tokens]
+        """tokens: (id, frame within the chunk, probability); frames: encoder frames of the chunk;
+        final: the stream's last result."""
+        ids = [tok for tok, _, _ in tokens]
+        at = [progress.frames_decoded + t for _, t, _ in tokens]
         progress.frames_decoded += frames
         text = progress.detok.push(ids) + (progress.detok.flush() if final else "")
         return StreamResult(
@@ -81,6 +84,7 @@ class ResultBuilder:
             start=at[0] * self.fs if at else None,
             end=at[-1] * self.fs if at else None,
             token_times=[f * self.fs for f in at],
+            token_confidences=[p for _, _, p in tokens],
             audio_seconds=progress.frames_decoded * self.fs,
             latency=latency,
         )

@@ -25,7 +25,7 @@ class StepItem:
     final_at: float | None  # the client's final: the deadline's start for chunks cut at the end
     samples_upto: int | None  # samples of the stream its chunks need (None: all, in its last step)
     frames: list[int] = field(default_factory=list)  # pre-encode: valid encoder frames per chunk
-    tokens: list[list[tuple[int, int]]] = field(default_factory=list)  # decode: (id, frame in chunk) per chunk
+    tokens: list[list[tuple[int, int, float]]] = field(default_factory=list)  # decode: (id, frame in chunk, probability) per chunk
 
     @property
     def live(self) -> bool:

@@ -8,6 +8,10 @@ only where a label was emitted (masked updates). A stream that emitted `max_symb
 frame moves on to the next, as NeMo's greedy decoding does. Each (frame, state) pair scored is one
 the frame-by-frame greedy loop scores, so the labels and their frames are the same.
 
+Each label's confidence is its probability under the joint's softmax at the frame it is emitted
+(NeMo's `max_prob` token confidence; blank frames are not scored, as NeMo's `exclude_blank`): a float
+tensor beside the labels, filled by the same masked updates, so it changes neither labels nor shapes.
+
 Shapes never depend on the data: on a GPU a whole pass is captured in a CUDA graph (the loop
 unrolled to `max_iterations`, each iteration under a conditional node on `active.any()`, see
 engine/cuda_graphs.py); on CPU it runs eagerly until no stream is active.
@@ -49,6 +53,7 @@ class GreedyPass:
         # labels and their frames; column max_tokens takes the writes of streams that emitted nothing
         self.token = torch.zeros(b, self.max_tokens + 1, dtype=torch.long, device=dev)
         self.frame = torch.zeros_like(self.token)
+        self.prob = torch.ones(b, self.max_tokens + 1, dtype=torch.float32, device=dev)
         self.h, self.c, self.g = state.h.clone(), state.c.clone(), state.g.clone()
         self.active = self.t < lengths
 
@@ -69,15 +74,18 @@ class GreedyPass:
         """One iteration over the whole batch, in fixed shapes (masked updates)."""
         dec, w, frames = self.decoder, self.window, self.f.size(1)
         at = self.t.unsqueeze(1) + self.offsets  # [B, window]
-        labels = dec.joint(self.f[self.rows.unsqueeze(1), at.clamp(max=frames - 1)], self.g.unsqueeze(1)).argmax(-1)
+        logits = dec.joint(self.f[self.rows.unsqueeze(1), at.clamp(max=frames - 1)], self.g.unsqueeze(1))
+        labels = logits.argmax(-1)
         hit = (at < self.lengths.unsqueeze(1)) & (labels != dec.blank)
         first = torch.where(hit, self.offsets, w).amin(1)  # `window` where no label is in it
         emit = first < w
-        label = labels.gather(1, first.clamp(max=w - 1).unsqueeze(1)).squeeze(1)
+        at_first = first.clamp(max=w - 1)
+        label = labels.gather(1, at_first.unsqueeze(1)).squeeze(1)
         t = self.t + first
         self.symbols.mul_(t == self.t)  # a new frame: its count starts over
         self.token[self.rows, self.count] = label
         self.frame[self.rows, self.count] = t
+        self.prob[self.rows, self.count] = top_probability(logits[self.rows, at_first])
         self.count.add_(emit)
         out, (h, c) = dec.predictor.step(label, self.h, self.c)
         self.h.copy_(torch.where(emit.view(1, -1, 1), h, self.h))
@@ -96,15 +104,18 @@ class GreedyPass:
         rows = self.active.nonzero().squeeze(1)
         t0, lengths = self.t[rows], self.lengths[rows]
         at = t0.unsqueeze(1) + self.offsets
-        labels = dec.joint(self.f[rows.unsqueeze(1), at.clamp(max=frames - 1)], self.g[rows].unsqueeze(1)).argmax(-1)
+        logits = dec.joint(self.f[rows.unsqueeze(1), at.clamp(max=frames - 1)], self.g[rows].unsqueeze(1))
+        labels = logits.argmax(-1)
         hit = (at < lengths.unsqueeze(1)) & (labels != dec.blank)
         first = torch.where(hit, self.offsets, w).amin(1)
         emit = first < w
         t = t0 + first
         symbols = self.symbols[rows].masked_fill(t != t0, 0) + emit
-        who, label = rows[emit], labels.gather(1, first.clamp(max=w - 1).unsqueeze(1)).squeeze(1)[emit]
+        at_first = first.clamp(max=w - 1)
+        who, label = rows[emit], labels.gather(1, at_first.unsqueeze(1)).squeeze(1)[emit]
         at_count = self.count[who]
         self.token[who, at_count], self.frame[who, at_count] = label, t[emit]
+        self.prob[who, at_count] = top_probability(logits[emit, at_first[emit]])
         self.count[who] = at_count + 1
         if who.numel():
             out, (h, c) = dec.predictor.step(label, self.h[:, who], self.c[:, who])
@@ -122,9 +133,27 @@ class GreedyPass:
         """[B, 1 + 2 (max_tokens + 1)] int32: count, labels, frames; one copy brings a pass to the host."""
         return torch.cat((self.count.unsqueeze(1), self.token, self.frame), dim=1).to(torch.int32)
 
+    def scored(self) -> torch.Tensor:
+        """[B, 1 + 3 (max_tokens + 1)] int32: packed() and each label's probability (float32 bits);
+        one copy brings a pass and its confidences to the host."""
+        return torch.cat((self.packed(), self.prob.view(torch.int32)), dim=1)
+
+
+def top_probability(logits: torch.Tensor) -> torch.Tensor:
+    """[..., V] logits -> [...] the probability of the best label (its softmax), in float32."""
+    return logits.float().softmax(-1).amax(-1)
+
 
 def unpack(packed: np.ndarray) -> list[list[tuple[int, int]]]:
     """GreedyPass.packed() on the host -> [(label, frame)] per stream."""
     width = (packed.shape[1] - 1) // 2
     return [list(zip(row[1 : 1 + n].tolist(), row[1 + width : 1 + width + n].tolist()))
             for row, n in zip(packed, packed[:, 0].tolist())]
+
+
+def unpack_scored(scored: np.ndarray) -> list[list[tuple[int, int, float]]]:
+    """GreedyPass.scored() on the host -> [(label, frame, probability)] per stream."""
+    width = (scored.shape[1] - 1) // 3
+    probs = scored[:, 1 + 2 * width :].view(np.float32)
+    return [[(*found, p) for found, p in zip(stream, row.tolist())]
+            for stream, row in zip(unpack(scored[:, : 1 + 2 * width]), probs)]

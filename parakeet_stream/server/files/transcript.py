@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...engine import EngineInfo, StreamResult
-from ..words import TimedToken, timed_words
+from ..words import TimedToken, timed_tokens, timed_words
 
 
 @dataclass
@@ -15,6 +15,7 @@ class Utterance:
     end: float
     token_ids: list[int]
     words: list[dict]
+    confidences: list[float]  # each token's probability (model/greedy.py)
 
 
 @dataclass
@@ -50,11 +51,11 @@ class TranscriptBuilder:
         out.token_times += result.token_times
         out.error = out.error or result.error
         eou = self._tokenizer.eou_id
-        for token, seconds in zip(result.token_ids, result.token_times):
-            if token == eou:
+        for timed in timed_tokens(result):
+            if timed[0] == eou:
                 self._close()
-            elif token not in self._tokenizer.special_ids and token != self._tokenizer.blank_id:
-                self._open.append((token, seconds))
+            elif timed[0] not in self._tokenizer.special_ids and timed[0] != self._tokenizer.blank_id:
+                self._open.append(timed)
         if result.is_final or (result.utterance_end and eou is None):
             self._close()
         delta = result.text if self._pieces else result.text.lstrip()
@@ -71,8 +72,10 @@ class TranscriptBuilder:
             limit = self._closed[i + 1][0][1] if i + 1 < len(self._closed) else out.duration
             words = timed_words(self._info, tokens, limit)
             if words:
-                text = self._tokenizer.decode([token for token, _ in tokens]).strip()
-                out.utterances.append(Utterance(text, words[0]["start"], words[-1]["end"], [t for t, _ in tokens], words))
+                ids = [timed[0] for timed in tokens]
+                text = self._tokenizer.decode(ids).strip()
+                out.utterances.append(Utterance(text, words[0]["start"], words[-1]["end"], ids, words,
+                                                [timed[2] for timed in tokens]))
         return out
 
     def _close(self) -> None:

@@ -26,7 +26,7 @@ from ..codes import ProtocolError
 from ..protocol import Accept, Handshake, Protocol, Refusal, check_access
 from ..session import Session
 from ..wire import decode_bytes, parse_sample_rate
-from ..words import WordTracker, first_text_time
+from ..words import WordTracker, first_text_time, transcript_confidence
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
@@ -219,7 +219,7 @@ class DeepgramSession(Session):
             if self.options.vad_events:
                 await self.send({"type": "SpeechStarted", "channel": [0, 1], "timestamp": round(first, 3)})
         ends_transcript = result.utterance_end or result.is_final
-        transcript.words += self._confident(self._words.update(result, now, close=ends_transcript, offset=segment.offset))
+        transcript.words += self._words.update(result, now, close=ends_transcript, offset=segment.offset)
         transcript.text += result.text
         if ends_transcript:
             await self._send_final(now, speech_final=result.utterance_end)
@@ -252,10 +252,10 @@ class DeepgramSession(Session):
     def _results(self, now: float, is_final: bool, speech_final: bool) -> dict:
         transcript = self._transcript
         start = transcript.start if transcript.spoken else now
-        words = transcript.words + self._confident(self._words.open_word(now))
+        words = transcript.words + self._words.open_word(now)
         alternative = {
             "transcript": transcript.text.strip(),
-            "confidence": 1.0 if words else 0.0,
+            "confidence": transcript_confidence(words),
             "words": words,
         }
         return {
@@ -272,10 +272,6 @@ class DeepgramSession(Session):
                 "model_uuid": self._model_uuid(),
             },
         }
-
-    @staticmethod
-    def _confident(words: list[dict]) -> list[dict]:
-        return [{**word, "confidence": 1.0} for word in words]
 
     def _model_info(self) -> dict:
         return {"name": self.config.model_name, "version": "parakeet-stream", "arch": "parakeet"}

@@ -24,6 +24,7 @@ from ..files.exchange import Exchange, UploadError
 from ..files.spool import Spool
 from ..files.transcript import FileTranscript
 from ..files.upload import check_key, open_audio, transcribe, upload_slot
+from ..words import transcript_confidence
 from . import deepgram
 
 PATH = deepgram.PATH
@@ -112,7 +113,7 @@ async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Optio
 def response(ctx: ServerContext, transcript: FileTranscript, options: Options, sha256: str, request_id: str) -> dict:
     alternative = {
         "transcript": transcript.text,
-        "confidence": 1.0 if transcript.words else 0.0,
+        "confidence": transcript_confidence(transcript.words),
         "words": [_word(w) for w in transcript.words],
     }
     if options.paragraphs:
@@ -120,7 +121,7 @@ def response(ctx: ServerContext, transcript: FileTranscript, options: Options, s
     results: dict = {"channels": [{"alternatives": [alternative]}]}
     if options.utterances:
         results["utterances"] = [
-            {"start": u.start, "end": u.end, "confidence": 1.0, "channel": 0, "transcript": u.text,
+            {"start": u.start, "end": u.end, "confidence": transcript_confidence(u.words), "channel": 0, "transcript": u.text,
              "words": [_word(w) for w in u.words], "id": str(uuid.uuid4())}
             for u in transcript.utterances
         ]
@@ -128,7 +129,7 @@ def response(ctx: ServerContext, transcript: FileTranscript, options: Options, s
 
 
 def _word(word: dict) -> dict:
-    return {**word, "confidence": 1.0, "punctuated_word": word["word"]}
+    return {**word, "punctuated_word": word["word"]}
 
 
 def _paragraphs(transcript: FileTranscript) -> dict:

@@ -254,7 +254,7 @@ class NativeSession(Session):
             "start": result.start,
             "end": result.end,
             "token_times": result.token_times,
-            # the words this result completes: {word, start, end}
+            # the words this result completes: {word, start, end, confidence}
             "words": self._words.update(result, result.audio_seconds, close=result.is_final),
             "audio_seconds": result.audio_seconds,
             "latency": result.latency,

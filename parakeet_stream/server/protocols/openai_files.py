@@ -9,6 +9,7 @@ and the other hints in IGNORED. Errors are OpenAI's `{"error": {message, type, p
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import partial
 
@@ -135,15 +136,17 @@ def render(transcript: FileTranscript, options: Options) -> bytes:
     if options.segments:
         body["segments"] = [_segment(i, u) for i, u in enumerate(transcript.utterances)]
     if options.words:
-        body["words"] = transcript.words
+        body["words"] = [{key: w[key] for key in ("word", "start", "end")} for w in transcript.words]
     return wire.dumps(body | {"usage": usage})
 
 
 def _segment(i: int, utterance) -> dict:
-    """Whisper's segment fields; the decoding statistics we do not compute are neutral values."""
+    """Whisper's segment fields: `avg_logprob` is the mean log probability of its tokens; the decoding
+    statistics we do not compute are neutral values."""
+    logprob = sum(map(math.log, utterance.confidences)) / len(utterance.confidences)
     return {
         "id": i, "seek": 0, "start": utterance.start, "end": utterance.end, "text": utterance.text,
-        "tokens": utterance.token_ids, "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 1.0,
+        "tokens": utterance.token_ids, "temperature": 0.0, "avg_logprob": round(logprob, 4), "compression_ratio": 1.0,
         "no_speech_prob": 0.0,
     }
 

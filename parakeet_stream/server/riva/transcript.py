@@ -5,7 +5,8 @@ An utterance ends at the model's end of utterance (the `<EOU>` token, or the eng
 rule for models without it) and at the end of the stream. Like Riva, a final transcript ends with
 a space (clients concatenate the finals of a call), interim ones do not; words carry times in
 milliseconds from the start of the call. Greedy streaming never revises a token once emitted, so
-an interim transcript only grows: its stability is 1.0.
+an interim transcript only grows: its stability is 1.0. A final's confidence and its words' are
+the model's (server/words.py).
 """
 from __future__ import annotations
 
@@ -14,16 +15,9 @@ from dataclasses import dataclass
 from riva.client.proto import riva_asr_pb2 as rasr
 
 from ...engine import EngineInfo, StreamResult
-from ..words import TimedToken, group_words, time_groups
+from ..words import TimedToken, group_words, time_groups, timed_tokens, transcript_confidence
 
 STABLE = 1.0
-
-
-def confidence(token_ids: list[int]) -> float:
-    """The confidence of a word or an alternative made of these tokens. The one place where a
-    real confidence (from the joint's token probabilities, issue 24 item 4) plugs in; until the
-    engine reports one, Riva's "confident" value."""
-    return 1.0
 
 
 @dataclass
@@ -48,12 +42,12 @@ class Transcript:
         processed = min(result.audio_seconds, received_seconds)
         out: list[Piece] = []
         grew = False
-        for token, seconds in zip(result.token_ids, result.token_times):
-            if token == self._tokenizer.eou_id:
+        for timed in timed_tokens(result):
+            if timed[0] == self._tokenizer.eou_id:
                 out += self._close(processed)
                 grew = False
-            elif token not in self._not_text:
-                self._tokens.append((token, seconds))
+            elif timed[0] not in self._not_text:
+                self._tokens.append(timed)
                 grew = True
         if result.is_final or (result.utterance_end and self._endpoint_only):
             out += self._close(processed)
@@ -67,23 +61,18 @@ class Transcript:
         text = self._decode(tokens)
         if not text:
             return []
+        words = time_groups(self._info, group_words(self._info, tokens), processed)
         alternative = rasr.SpeechRecognitionAlternative(
             transcript=text + " ",
-            confidence=confidence([t for t, _ in tokens]),
-            words=self._timed(tokens, processed) if self._words else [],
+            confidence=transcript_confidence(words),
+            words=[_word_info(w) for w in words] if self._words else [],
         )
         return [Piece(alternative, True, processed)]
 
-    def _timed(self, tokens: list[TimedToken], limit: float) -> list[rasr.WordInfo]:
-        groups = [g for g in group_words(self._info, tokens) if self._decode(g)]
-        words = time_groups(self._info, groups, limit)
-        return [
-            rasr.WordInfo(
-                word=w["word"], start_time=round(w["start"] * 1000), end_time=round(w["end"] * 1000),
-                confidence=confidence([t for t, _ in group]),
-            )
-            for w, group in zip(words, groups)
-        ]
-
     def _decode(self, tokens: list[TimedToken]) -> str:
-        return self._tokenizer.decode([t for t, _ in tokens]).strip()
+        return self._tokenizer.decode([t[0] for t in tokens]).strip()
+
+
+def _word_info(word: dict) -> rasr.WordInfo:
+    return rasr.WordInfo(word=word["word"], start_time=round(word["start"] * 1000),
+                         end_time=round(word["end"] * 1000), confidence=word["confidence"])

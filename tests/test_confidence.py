@@ -1,0 +1,113 @@
+"""Confidence from the model: each token's probability under the joint (model/greedy.py), words the
+lowest of their tokens', transcripts the mean of their words' (server/words.py).
+
+The end-to-end check: over the demo model's held-out sentences (espeak-ng speech, as in
+test_demo_model.py), hypothesis words aligned to the reference (edit distance): the words the model
+gets wrong carry a lower mean confidence than the ones it gets right.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+import torch
+from frame_looping import frame_looping
+from helpers import run_stream
+from test_demo_model import DEMO, FIXTURE, synth
+from test_greedy import random_decoder
+
+from parakeet_stream.model.greedy import GreedyPass, unpack_scored
+from parakeet_stream.server.words import WordTracker, transcript_confidence, word_confidence
+
+# Measured on the shipped demo model, streaming, the 40 sentences of tests/fixtures/demo_sentences.json:
+# 259 right words, mean confidence 0.887; 50 wrong ones, mean 0.619 (a gap of 0.27). The bar keeps
+# more than half of it.
+MARGIN = 0.15
+
+
+def replayed_probabilities(decoder, enc: torch.Tensor, state, b: int, stream) -> list[float]:
+    """Stream b's labels replayed one by one: the softmax probability of each at its frame."""
+    f = decoder.joint.enc(enc[b])
+    h, c, g = state.h[:, b : b + 1], state.c[:, b : b + 1], state.g[b]
+    probs = []
+    for label, frame, _ in stream:
+        probs.append(float(decoder.joint(f[frame], g).softmax(-1)[label]))
+        out, (h, c) = decoder.predictor.step(torch.tensor([label]), h, c)
+        g = decoder.joint.pred(out)[0]
+    return probs
+
+
+@pytest.mark.parametrize("blank_bias", [-3.0, 0.0])
+def test_one_probability_per_label_the_joints_softmax_at_its_frame(blank_bias):
+    decoder = random_decoder(blank_bias)
+    gen = torch.Generator().manual_seed(1)
+    enc, lengths = torch.randn(4, 11, 32, generator=gen), torch.tensor([11, 5, 0, 8])
+    with torch.inference_mode():
+        state = decoder.initial_state(4)
+        eager = unpack_scored(GreedyPass(decoder, enc, lengths, state).run().scored().numpy())
+        fixed = unpack_scored(GreedyPass(decoder, enc, lengths, state).run(lambda active: nullcontext()).scored().numpy())
+        labels, _ = frame_looping(decoder, enc, lengths, state)
+        for b, stream in enumerate(eager):
+            assert [(label, frame) for label, frame, _ in stream] == labels[b]  # labels untouched
+            probs = [p for _, _, p in stream]
+            assert all(0 < p <= 1 for p in probs)
+            assert probs == pytest.approx(replayed_probabilities(decoder, enc, state, b, stream), abs=1e-5)
+            assert probs == pytest.approx([p for _, _, p in fixed[b]], abs=1e-6)
+    assert eager[2] == [] and sum(map(len, eager)) > 0
+
+
+def test_a_word_takes_its_lowest_token_a_transcript_the_mean_of_its_words():
+    assert word_confidence([(1, 0.0, 0.9), (2, 0.1, 0.4), (3, 0.2, 0.7)]) == 0.4
+    words = [{"confidence": 0.4}, {"confidence": 0.8}, {"confidence": 0.9}]
+    assert transcript_confidence(words) == pytest.approx(0.7) and transcript_confidence([]) == 0.0
+
+
+def aligned_right(ref: list[str], hyp: list[str]) -> list[bool]:
+    """For each hypothesis word: is it aligned to an equal reference word (a minimum edit alignment)?"""
+    cost = np.zeros((len(ref) + 1, len(hyp) + 1), dtype=int)
+    cost[:, 0], cost[0, :] = range(len(ref) + 1), range(len(hyp) + 1)
+    for i in range(1, len(ref) + 1):
+        for j in range(1, len(hyp) + 1):
+            cost[i, j] = min(cost[i - 1, j] + 1, cost[i, j - 1] + 1, cost[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]))
+    right, i, j = [False] * len(hyp), len(ref), len(hyp)
+    while j > 0:
+        if i > 0 and cost[i, j] == cost[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]):
+            right[j - 1] = ref[i - 1] == hyp[j - 1]
+            i, j = i - 1, j - 1
+        elif cost[i, j] == cost[i, j - 1] + 1:
+            j -= 1  # an inserted word: wrong
+        else:
+            i -= 1
+    return right
+
+
+def test_alignment_marks_substitutions_and_insertions_wrong():
+    assert aligned_right("the quick brown fox".split(), "the quick brawn fox".split()) == [True, True, False, True]
+    assert aligned_right("a b c".split(), "a x b c".split()) == [True, False, True, True]
+    assert aligned_right("a b c".split(), "a c".split()) == [True, True]
+
+
+@pytest.mark.skipif(not (DEMO / "model.safetensors").is_file() or shutil.which("espeak-ng") is None,
+                    reason="needs weights/demo and espeak-ng (see test_demo_model.py)")
+def test_words_the_demo_model_gets_wrong_have_lower_confidence():
+    from parakeet_stream.engine import ASREngine
+
+    sentences = json.loads(FIXTURE.read_text())
+    right, wrong = [], []
+    with ASREngine("demo", max_num_streams=8) as engine:
+        for name in ("seen_voices", "heldout_voices"):
+            for k, item in enumerate(sentences[name]):
+                results = run_stream(engine, synth(item, seed=k))
+                tracker = WordTracker(engine.info)
+                words = [w for r in results for w in tracker.update(r, r.audio_seconds, close=r.is_final)]
+                for word, ok in zip(words, aligned_right(item["text"].split(), [w["word"] for w in words])):
+                    assert 0 < word["confidence"] <= 1
+                    (right if ok else wrong).append(word["confidence"])
+    mean_right, mean_wrong = np.mean(right), np.mean(wrong)
+    print(f"right words: {len(right)}, mean confidence {mean_right:.4f}; "
+          f"wrong words: {len(wrong)}, mean confidence {mean_wrong:.4f}")
+    assert len(wrong) >= 10 and mean_wrong < mean_right - MARGIN
