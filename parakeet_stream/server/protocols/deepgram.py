@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ... import audio
-from .. import wire
 from ..codes import ProtocolError
 from ..protocol import Accept, Handshake, Protocol, Refusal, check_access
+from ..schema import Message, Schema
 from ..session import Session
 from ..wire import decode_bytes, parse_sample_rate
 from ..words import WordTracker, first_text_time
@@ -133,6 +133,21 @@ def credentials(headers: dict[str, str], offered: list[str]) -> tuple[str | None
     return None, None
 
 
+class KeepAlive(Message, tag="KeepAlive"):
+    pass
+
+
+class Finalize(Message, tag="Finalize"):
+    pass
+
+
+class CloseStream(Message, tag="CloseStream"):
+    pass
+
+
+SCHEMA = Schema(KeepAlive, Finalize, CloseStream)
+
+
 @dataclass
 class Transcript:
     """What the next final Results holds: the words since the last one (connection times)."""
@@ -163,16 +178,12 @@ class DeepgramSession(Session):
                 raise ProtocolError("stream_closed", "audio after CloseStream")
             await self.segments.push(samples)
             return
-        event = wire.loads(message)
-        kind = event.get("type") if isinstance(event, dict) else None
-        if kind == "KeepAlive":
-            return  # receiving it restarted the idle clock
-        if kind == "Finalize":
+        event = SCHEMA.decode(message)
+        if isinstance(event, Finalize):
             await self._finalize(from_finalize=not self._closing)
-        elif kind == "CloseStream":
+        elif isinstance(event, CloseStream):
             await self._close_stream()
-        else:
-            raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:40]!r}")
+        # KeepAlive: receiving it restarted the idle clock
 
     async def _finalize(self, from_finalize: bool) -> bool:
         """End the current segment's input (flushing its words); False when there is no audio to

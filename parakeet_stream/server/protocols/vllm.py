@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .. import wire
+import msgspec
+
 from ..codes import ProtocolError
 from ..protocol import Protocol
+from ..schema import Message, Schema
 from ..session import Session
-from ..wire import decode_base64, decode_bytes, parse_sample_rate
+from ..wire import decode_bytes, parse_sample_rate
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
@@ -27,6 +29,27 @@ VLLM_CODES = {
     "invalid_base64": "invalid_audio",
     "invalid_audio_length": "invalid_audio",
 }
+
+
+class SessionFields(msgspec.Struct):
+    sample_rate: int | None = None  # any model name is accepted: this server serves exactly one
+
+
+class SessionUpdate(Message, tag="session.update"):
+    session: SessionFields | None = None
+    sample_rate: int | None = None  # read when there is no `session`
+    codes = {"sample_rate": "invalid_config", "session.sample_rate": "invalid_config"}
+
+
+class Append(Message, tag="input_audio_buffer.append"):
+    audio: bytes  # base64 PCM16 in the JSON
+
+
+class Commit(Message, tag="input_audio_buffer.commit"):
+    final: bool = False
+
+
+SCHEMA = Schema(SessionUpdate, Append, Commit, unknown="Unknown event type:")
 
 
 class VllmRealtimeSession(Session):
@@ -45,33 +68,21 @@ class VllmRealtimeSession(Session):
     async def on_message(self, message: str | bytes) -> None:
         if isinstance(message, bytes):
             raise ProtocolError("invalid_message", "binary frames are not part of the realtime API")
-        event = wire.loads(message)
-        if not isinstance(event, dict):
-            raise ProtocolError("invalid_message", "an event must be a JSON object")
-        kind = event.get("type")
-        if kind == "session.update":
-            self._update(event)
-        elif kind == "input_audio_buffer.append":
-            if "audio" not in event:
-                raise ProtocolError("missing_field", "'audio' is required")
-            await self.segments.push(decode_bytes(decode_base64(event["audio"]), "pcm16"))
-        elif kind == "input_audio_buffer.commit":
-            final = event.get("final", False)
-            if not isinstance(final, bool):
-                raise ProtocolError("invalid_field", "'final' must be a boolean")
-            await self._commit(final)
+        event = SCHEMA.decode(message)
+        if isinstance(event, SessionUpdate):
+            self._update(event.session or event)
+        elif isinstance(event, Append):
+            await self.segments.push(decode_bytes(event.audio, "pcm16"))
         else:
-            raise ProtocolError("unknown_type", f"Unknown event type: {str(kind)[:40]}")
+            await self._commit(event.final)
 
-    def _update(self, event: dict[str, Any]) -> None:
-        # any model name is accepted: this server serves exactly one
-        session = event.get("session") if isinstance(event.get("session"), dict) else event
-        if session.get("sample_rate") is None:
+    def _update(self, fields: SessionFields | SessionUpdate) -> None:
+        if fields.sample_rate is None:
             return
         segment = self.segments.current or self.segments.open()
         if segment.received_samples:
             raise ProtocolError("bad_state", "sample_rate can only change before audio is sent")
-        self.segments.rate = parse_sample_rate(session["sample_rate"])
+        self.segments.rate = parse_sample_rate(fields.sample_rate)
         segment.set_input_rate(self.segments.rate)
 
     async def _commit(self, final: bool = True) -> None:
