@@ -4,7 +4,8 @@ message rate, the memory bound, and the start-up memory check.
 What a connection may hold (docs/protocol.md section 5): its segment's audio not yet encoded
 (`max_backlog_seconds` at the model rate, float32, whether queued or admitted) plus the
 message it is reading or parsing (framing buffers and the decoded samples, each at most
-`max_message_bytes`), plus a fixed overhead for its tasks and buffers.
+`max_message_bytes`), plus a fixed overhead for its tasks and buffers, the messages it was
+sent and has not read (OUTBOX_BYTES) among them.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ MAX_BATCH_MESSAGES = 64  # messages handled per wake-up before yielding to other
 MESSAGE_UNIT_BYTES = 8192  # a message counts once per started 8 KiB against the rate
 MESSAGE_COPIES = 5  # framing buffers (transport + WebSocket queue) and decoded copies
 CONNECTION_OVERHEAD = 256 * 1024
+OUTBOX_BYTES = 64 * 1024  # messages posted, not yet sent, past which the reader stops reading
 MIN_BACKLOG_SECONDS = 2.0  # below a chunk plus its context the engine could never catch up
 
 

@@ -182,7 +182,7 @@ class NativeSession(Session):
         self._hello_sent = False
         self._words = WordTracker(self.info)
 
-    async def open(self) -> None:
+    def open(self) -> None:
         self._declare(url_config(self._query))
         self._open()
 
@@ -207,15 +207,15 @@ class NativeSession(Session):
             if parsed.final:
                 self.segments.current.finalize()
         elif isinstance(parsed, Ping):
-            await self.send({"type": "pong"})
+            self.post({"type": "pong"})
         elif isinstance(parsed, Close):
             self.segments.current.finalize()
         elif first:
-            await self._start(stream_config(parsed))
+            self._start(stream_config(parsed))
         else:
             raise ProtocolError("bad_state", "start/config is only accepted as the first message")
 
-    async def _start(self, config: StreamConfig) -> None:
+    def _start(self, config: StreamConfig) -> None:
         self._declare(config)
         segment = self.segments.current
         if tuple(self.declared.lookahead or self.info.default_lookahead) != segment.lookahead:
@@ -223,12 +223,12 @@ class NativeSession(Session):
             self._open()
         else:
             segment.set_input_rate(self.segments.rate)
-        await self.send({"type": "started", **self._stream_info(self.segments.current)})
+        self.post({"type": "started", **self._stream_info(self.segments.current)})
 
-    async def on_admitted(self, segment: Segment) -> None:
+    def on_admitted(self, segment: Segment) -> None:
         if not self._hello_sent:
             self._hello_sent = True
-            await self.send({"type": "hello", **self._stream_info(segment)})
+            self.post({"type": "hello", **self._stream_info(segment)})
 
     def _stream_info(self, segment: Segment) -> dict:
         return {
@@ -242,7 +242,7 @@ class NativeSession(Session):
             "protocol_version": PROTOCOL_VERSION,
         }
 
-    async def on_result(self, segment: Segment, result: StreamResult) -> None:
+    def on_result(self, segment: Segment, result: StreamResult) -> None:
         message = {
             "type": "result",
             "stream_id": segment.sid,
@@ -261,7 +261,7 @@ class NativeSession(Session):
         }
         if result.error:
             message["error"] = result.error
-        await self.send(message)
+        self.post(message)
 
     def last_message(self, reason: str) -> dict:
         return {"type": "closed", "reason": reason}

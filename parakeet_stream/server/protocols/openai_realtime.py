@@ -12,12 +12,14 @@ the connection.
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..codes import KEEP_OPEN, ProtocolError
 from ..protocol import Protocol
 from ..schema import InvalidField
+from ..segments import State
 from ..session import Session
 from ..wire import decode_bytes
 from ..words import first_text_time
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from ..connection import Connection
     from ..segment import Segment
 
+TRANSCRIPTION = "conversation.item.input_audio_transcription"
 SERVER_ERRORS = {"inference_error", "internal_error"}
 # the `param` of the audio decoding errors (raised by wire, which knows no OpenAI)
 PARAMS = {"invalid_audio_length": "audio", "invalid_samples": "audio"}
@@ -60,18 +63,32 @@ class Item:
 
 
 class OpenAIRealtimeSession(Session):
+    """The input buffer's commit and clear decide on the segments' state (segments.py):
+
+    | state    | commit                                             | clear                          |
+    | IDLE     | input_audio_buffer_commit_empty                    | cleared                        |
+    | OPEN     | committed; the segment's input is final (DRAINING) | the segment is dropped (IDLE)  |
+    |          | (commit_empty when no audio since the last item)   |                                |
+    | DRAINING | audio waiting: committed at once, its segment made | the audio waiting behind the   |
+    |          | final when it opens; none: commit_empty            | last commit is dropped         |
+
+    Each transition posts its events in the same step, so an item is committed once, and a clear
+    never meets a commit half done.
+    """
+
     def __init__(self, connection: Connection, options: object) -> None:
         super().__init__(connection, options)
         self.settings = Settings(transcription=Transcription(model=self.config.model_name))
         self.segments.rate = self.settings.format.rate
         self._error_context: tuple[str | None, str | None] = (None, None)  # (client event_id, param)
-        self._item: Item | None = None
-        self._previous_item: str | None = None
+        self._item: Item | None = None  # the item the current segment's words go to
+        self._waiting: deque[Item] = deque()  # committed items whose audio waits for its segment
+        self._previous_item: str | None = None  # the last item committed
         self._item_start = 0.0  # connection seconds where the next item starts
 
     # -- client events ----------------------------------------------------------------
-    async def open(self) -> None:
-        await self.send({"type": "session.created", "event_id": event_id(), "session": self.settings.describe()})
+    def open(self) -> None:
+        self.post({"type": "session.created", "event_id": event_id(), "session": self.settings.describe()})
 
     async def on_message(self, message: str | bytes) -> None:
         if isinstance(message, bytes):
@@ -82,108 +99,105 @@ class OpenAIRealtimeSession(Session):
             self._error_context = (client_event_id(message), getattr(exc, "path", None))
             raise
         try:
-            await self._dispatch(event)
+            if isinstance(event, Append):
+                await self.segments.push(decode_bytes(event.audio, self.settings.format.encoding))
+            elif isinstance(event, Commit):
+                self._commit()
+            elif isinstance(event, Clear):
+                self._clear()
+            else:
+                self._update(event)
         except ProtocolError as exc:  # the connection sends error_message(): give it the context
             self._error_context = (event.event_id, getattr(exc, "path", None))
             raise
 
-    async def _dispatch(self, event: Append | Commit | Clear | SessionUpdate) -> None:
-        if isinstance(event, Append):
-            await self.segments.push(decode_bytes(event.audio, self.settings.format.encoding))
-        elif isinstance(event, Commit):
-            await self._commit()
-        elif isinstance(event, Clear):
-            await self._clear()
-        else:
-            await self._update(event)
-
-    async def _update(self, event: SessionUpdate) -> None:
-        holds_audio = self.segments.current is not None or self.segments.holding
-        self.settings = self.settings.updated(event.session, holds_audio)
+    def _update(self, event: SessionUpdate) -> None:
+        self.settings = self.settings.updated(event.session, holds_audio=self.segments.state is not State.IDLE)
         self.segments.rate = self.settings.format.rate
-        await self.send({"type": "session.updated", "event_id": event_id(), "session": self.settings.describe()})
+        self.post({"type": "session.updated", "event_id": event_id(), "session": self.settings.describe()})
 
-    async def _commit(self) -> None:
+    def _commit(self) -> None:
         segments = self.segments
-        if segments.draining:
-            if not segments.holding:
-                raise self._empty_commit()
-            segments.defer(self._commit)  # a commit of the audio waiting for the next segment
-            return
-        segment = segments.current
-        if segment is None or segment.heard_until() <= self._item_start:
-            raise self._empty_commit()
-        item = self._current_item()
-        item.committed = True
-        await self.send(
-            {"type": "input_audio_buffer.committed", "event_id": event_id(), "item_id": item.id,
-             "previous_item_id": self._previous_item}
-        )
+        match segments.state:
+            case State.DRAINING if segments.holding:
+                item = Item(item_id(), start=0.0)  # it starts where its segment opens
+                self._commit_item(item)
+                self._waiting.append(item)
+                segments.defer(self._open_committed)
+            case State.OPEN if segments.current.heard_until() > self._item_start:
+                self._commit_item(self._current_item())
+                segments.current.finalize()
+            case _:
+                raise InvalidField(
+                    "input_audio_buffer_commit_empty", "Error committing input audio buffer: the buffer is empty."
+                )
+
+    def _open_committed(self) -> None:
+        """The audio of a committed item is in its own segment now: its input is final."""
+        item, segment = self._waiting.popleft(), self.segments.current
+        item.start = segment.offset
+        self._item = item
         segment.finalize()
 
-    def _empty_commit(self) -> InvalidField:
-        return InvalidField(
-            "input_audio_buffer_commit_empty", "Error committing input audio buffer: the buffer is empty."
-        )
-
-    async def _clear(self) -> None:
-        """Drop the audio not yet committed: the waiting audio, or the current segment."""
+    def _clear(self) -> None:
+        """Drop the audio not yet committed: what waits behind the last commit, or the current segment."""
         segments = self.segments
-        if segments.draining:
-            segments.drop_held()
-        elif segments.current is not None:
-            segments.discard()
-            self._item = None
-            self._item_start = segments.offset
-        await self.send({"type": "input_audio_buffer.cleared", "event_id": event_id()})
+        match segments.state:
+            case State.DRAINING:
+                segments.drop_held()
+            case State.OPEN:
+                segments.discard()
+                self._item = None
+                self._item_start = segments.offset
+        self.post({"type": "input_audio_buffer.cleared", "event_id": event_id()})
 
     # -- results ----------------------------------------------------------------------
-    async def on_result(self, segment: Segment, result: StreamResult) -> None:
+    def on_result(self, segment: Segment, result: StreamResult) -> None:
         first = first_text_time(self.info.tokenizer, result)
         if first is not None or result.text:
-            await self._transcribe(segment, result.text, first or 0.0)
+            self._transcribe(segment, result.text, first or 0.0)
         if result.utterance_end and self.settings.turn_detection is not None and self._item is not None:
-            await self._complete(segment.heard_until(result))
+            self._complete(segment.heard_until(result))
 
-    async def _transcribe(self, segment: Segment, text: str, first_token: float) -> None:
+    def _transcribe(self, segment: Segment, text: str, first_token: float) -> None:
         item = self._current_item()
         if not item.speaking and not item.committed and self.settings.turn_detection is not None:
             item.speaking = True
             start = _ms(segment.offset + first_token)
-            await self._send_item_event("input_audio_buffer.speech_started", audio_start_ms=start)
+            self._post_item_event(item, "input_audio_buffer.speech_started", audio_start_ms=start)
         delta = text if item.text else text.lstrip()
         if delta:
             item.text += delta
-            await self._send_item_event(
-                "conversation.item.input_audio_transcription.delta", content_index=0, delta=delta
-            )
+            self._post_item_event(item, f"{TRANSCRIPTION}.delta", content_index=0, delta=delta)
 
     def _current_item(self) -> Item:
         if self._item is None:
             self._item = Item(item_id(), self._item_start)
         return self._item
 
-    async def _send_item_event(self, kind: str, **fields) -> None:
-        await self.send({"type": kind, "event_id": event_id(), "item_id": self._item.id, **fields})
+    def _commit_item(self, item: Item) -> None:
+        item.committed = True
+        self._post_item_event(item, "input_audio_buffer.committed", previous_item_id=self._previous_item)
+        self._previous_item = item.id
 
-    async def _complete(self, end: float) -> None:
+    def _post_item_event(self, item: Item, kind: str, **fields) -> None:
+        self.post({"type": kind, "event_id": event_id(), "item_id": item.id, **fields})
+
+    def _complete(self, end: float) -> None:
         """End the current item at `end` (connection seconds): speech_stopped (unless the client
         committed it), committed (once), completed."""
         item = self._item
         if item.speaking and not item.committed:
-            await self._send_item_event("input_audio_buffer.speech_stopped", audio_end_ms=_ms(end))
+            self._post_item_event(item, "input_audio_buffer.speech_stopped", audio_end_ms=_ms(end))
         if not item.committed:
-            await self._send_item_event("input_audio_buffer.committed", previous_item_id=self._previous_item)
+            self._commit_item(item)
         usage = {"type": "duration", "seconds": round(max(0.0, end - item.start), 3)}
-        await self._send_item_event(
-            "conversation.item.input_audio_transcription.completed",
-            content_index=0, transcript=item.text, usage=usage,
-        )
-        self._previous_item, self._item, self._item_start = item.id, None, end
+        self._post_item_event(item, f"{TRANSCRIPTION}.completed", content_index=0, transcript=item.text, usage=usage)
+        self._item, self._item_start = None, end
 
-    async def on_segment_finished(self, segment: Segment) -> None:
+    def on_segment_finished(self, segment: Segment) -> None:
         if self._item is not None:
-            await self._complete(segment.heard_until())
+            self._complete(segment.heard_until())
         self._item = None
         self._item_start = self.segments.offset
 

@@ -6,6 +6,7 @@ next utterance, and so does a `commit final` sent behind it.
 """
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ import msgspec
 from ..codes import ProtocolError
 from ..protocol import Protocol
 from ..schema import Message, Schema
+from ..segments import State
 from ..session import Session
 from ..wire import decode_bytes, parse_sample_rate
 
@@ -60,7 +62,7 @@ class VllmRealtimeSession(Session):
         self._query = query
         self._created = False
 
-    async def open(self) -> None:
+    def open(self) -> None:
         if "sample_rate" in self._query:
             self.segments.rate = parse_sample_rate(self._query["sample_rate"], from_url=True)
         self.segments.open()  # wait for a slot at once: session.created says it is ours
@@ -74,7 +76,7 @@ class VllmRealtimeSession(Session):
         elif isinstance(event, Append):
             await self.segments.push(decode_bytes(event.audio, "pcm16"))
         else:
-            await self._commit(event.final)
+            self._commit(event.final)
 
     def _update(self, fields: SessionFields | SessionUpdate) -> None:
         if fields.sample_rate is None:
@@ -85,20 +87,21 @@ class VllmRealtimeSession(Session):
         self.segments.rate = parse_sample_rate(fields.sample_rate)
         segment.set_input_rate(self.segments.rate)
 
-    async def _commit(self, final: bool = True) -> None:
+    def _commit(self, final: bool) -> None:
+        """Without `final`, a start marker (opens the segment); with it, the end of the utterance."""
         segments = self.segments
-        if segments.draining:  # a final commit ends the audio waiting behind the draining segment
+        if segments.state is State.DRAINING:  # then it ends the audio waiting behind the segment
             if final and segments.holding:
-                segments.defer(self._commit)
+                segments.defer(functools.partial(self._commit, True))
             return
         segment = segments.current or segments.open()
         if final:
             segment.finalize()
 
-    async def on_admitted(self, segment: Segment) -> None:
+    def on_admitted(self, segment: Segment) -> None:
         if not self._created:
             self._created = True
-            await self.send(
+            self.post(
                 {
                     "type": "session.created",
                     "id": f"sess-{uuid.uuid4().hex}",
@@ -108,13 +111,13 @@ class VllmRealtimeSession(Session):
                 }
             )
 
-    async def on_result(self, segment: Segment, result: StreamResult) -> None:
+    def on_result(self, segment: Segment, result: StreamResult) -> None:
         if result.text:
-            await self.send({"type": "transcription.delta", "delta": result.text})
+            self.post({"type": "transcription.delta", "delta": result.text})
 
-    async def on_segment_finished(self, segment: Segment) -> None:
+    def on_segment_finished(self, segment: Segment) -> None:
         usage = {"prompt_tokens": 0, "completion_tokens": segment.token_count, "total_tokens": segment.token_count}
-        await self.send({"type": "transcription.done", "text": segment.text, "usage": usage})
+        self.post({"type": "transcription.done", "text": segment.text, "usage": usage})
 
     def error_message(self, code: str, message: str) -> dict:
         return {"type": "error", "error": message, "code": VLLM_CODES.get(code, code)}
