@@ -169,29 +169,26 @@ class Segments:
 
     def replay(self) -> None:
         """The next segment takes what waited, in order: audio, and the actions deferred behind
-        it. Held audio fits its budget (it was counted against it), so nothing waits here."""
+        it, until one of them makes its input final; the rest waits for the segment after. Held
+        audio fits its budget (it was counted against it), so nothing waits here."""
         held, self._held, self._held_samples = self._held, [], 0
-        for item in held:
+        for index, item in enumerate(held):
+            if self.state is State.DRAINING:
+                self._held = held[index:]
+                self._held_samples = sum(len(audio) for audio in self._held if isinstance(audio, np.ndarray))
+                return
             if isinstance(item, np.ndarray):
                 self._take_now(item)
-            elif isinstance(item, Gap):
-                self._pass(item)
+            elif isinstance(item, Gap):  # only ever first, or behind a deferred action
+                self.offset += item.seconds
             else:
                 item()
 
     def _take_now(self, samples: np.ndarray) -> None:
-        segment = self._taker(samples)
-        if segment is None:
-            return
+        segment = self.current or self.open()
         if not segment.add(samples):
             raise ProtocolError("message_too_large", "too much audio sent while the previous segment finishes")
         self._check_limit(segment)
-
-    def _pass(self, gap: Gap) -> None:
-        if self.current is None:
-            self.offset += gap.seconds
-        else:  # behind a segment that drains: after it
-            self._held.append(gap)
 
     def flush(self) -> None:
         if self.current is not None:
