@@ -155,12 +155,12 @@ class Connection:
         while frame is not None:
             units += max(1, -(-len(frame) // MESSAGE_UNIT_BYTES))
             for message in split(frame) if split else (frame,):
+                if self.end_reason is not None:  # ended, maybe by the writer meanwhile: read no more
+                    return
                 try:
                     await session.on_message(message)
                 except ProtocolError as exc:
                     self.answer(exc)
-                    if self.end_reason is not None:
-                        return
                 handled += 1
             frame = self.channel.receive_buffered() if handled < MAX_BATCH_MESSAGES else None
         self.segments.flush()

@@ -156,3 +156,25 @@ async def test_deepgram_finalize_close_and_audio_interleaved(engine, sentence):
     assert [m["type"] for m in seen][-1] == "Metadata"
     assert [m["variant"] for m in seen if m["type"] == "Error"] == ["stream_closed"]
     assert sum(m["type"] == "Results" and m.get("from_finalize") for m in seen) == 5
+
+
+async def test_http_head_and_unknown_transfer_codings(engine):
+    """A HEAD request made h11 refuse the body we sent (a traceback); a transfer coding h11 does
+    not implement was answered 501 with the reason phrase of a 400."""
+    async with running_server(engine) as ctx:
+        port = ctx.config.ports["http"]
+        head = await raw_http(port, b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n") and head.endswith(b"\r\n\r\n")
+        gzip = await raw_http(port, b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n")
+        assert gzip.startswith(b"HTTP/1.1 501 Not Implemented\r\n")
+
+
+async def raw_http(port: int, request: bytes) -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    data = b""
+    async with stream:
+        await stream.send_all(request)
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    return data
