@@ -79,6 +79,7 @@ class Connection:
                 self.segments.close()
                 await self._close()
             ctx.open_sessions -= 1
+            ctx.connection_closed.set()
             ctx.metrics.connections.labels(label).dec()
             access.info(
                 "connection closed %s reason=%s audio_s=%.1f results=%d",

@@ -96,15 +96,14 @@ def frames(messages: st.SearchStrategy[dict], binary: st.SearchStrategy[bytes] |
     """One frame: mostly messages (valid or mutated), else corrupted text, any JSON value,
     random bytes, an oversized message; `binary`: the door's binary frames; `raw`: malformed
     WebSocket frames too."""
-    options = [
-        messages.map(to_json), messages.map(to_json), mutated(messages).map(to_json), mutated(messages).map(to_json),
+    options = [messages.map(to_json)] * 3 + [mutated(messages).map(to_json)] * 3 + [
         corrupted(messages), VALUES.map(to_json), st.binary(max_size=300),
         st.integers(1, 64).map(lambda extra: '{"type":"' + "x" * (MAX_MESSAGE + extra) + '"}'),
     ]
     if binary is not None:
-        options += [binary, binary]
-    if raw:
-        options += [st.sampled_from(BAD_FRAMES).map(Raw), st.binary(min_size=1, max_size=64).map(Raw)]
+        options += [binary] * 2
+    if raw:  # rarer: they end the connection
+        options.append(st.one_of(st.sampled_from(BAD_FRAMES), st.binary(min_size=1, max_size=64)).map(Raw))
     return st.one_of(options)
 
 

@@ -10,7 +10,7 @@
 - afterwards the server is back to idle (no connection, no stream, every slot free) and its
   memory within RSS_BOUND_MB of what it was before.
 
-FUZZ_EXAMPLES hostile connections per door (default 40), from the seeded sequence FUZZ_SEED
+FUZZ_EXAMPLES hostile connections per door (default 100), from the seeded sequence FUZZ_SEED
 (default 0); a release soak: `FUZZ_EXAMPLES=5000 .venv/bin/python -m pytest tests/fuzz`.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .attack import Outcome, run_attack
 from .doors import DOORS, HTTP_STATUSES, Door
 from .hostile import MAX_MESSAGE
 
-FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
+FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "100"))
 FUZZ_SEED = int(os.environ.get("FUZZ_SEED", "0"))
 RSS_BOUND_MB = 64
 SERVER_ARGS = ("--max-num-streams", "4", "--max-queue", "8", "--max-message-bytes", str(MAX_MESSAGE),
