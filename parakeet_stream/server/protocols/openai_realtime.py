@@ -6,8 +6,9 @@ deltas of the current item and, once an item ends, `committed` and `completed`. 
 the model's end of utterance (`<EOU>`) when turn detection is on (speech_started/speech_stopped
 frame it), and at the client's `input_audio_buffer.commit` in any mode. A commit ends the
 segment (flushing the last words); audio appended while it drains waits for the next one, and
-so does a commit of it. Times (`audio_start_ms`, `audio_end_ms`) count from the first audio of
-the connection.
+a commit of it is committed at once, its segment made final when it opens. Times
+(`audio_start_ms`, `audio_end_ms`) count from the first audio of the connection. The client
+events and the settings they set are typed in openai_events.py.
 """
 from __future__ import annotations
 
