@@ -175,7 +175,7 @@ class Segments:
         for index, item in enumerate(held):
             if self.state is State.DRAINING:
                 self._held = held[index:]
-                self._held_samples = sum(len(audio) for audio in self._held if isinstance(audio, np.ndarray))
+                self._held_samples = sum(len(part) for part in self._held if isinstance(part, np.ndarray))
                 return
             if isinstance(item, np.ndarray):
                 self._take_now(item)

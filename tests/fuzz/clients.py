@@ -24,7 +24,7 @@ from wsproto.utilities import LocalProtocolError
 GONE = (trio.BrokenResourceError, trio.ClosedResourceError, LocalProtocolError)
 
 
-class Raw(bytes):
+class RawFrame(bytes):
     """Bytes that go on the wire as they are (not framed as a message)."""
 
 
@@ -48,7 +48,7 @@ class LineClient:
 
     async def send(self, frame: str | bytes) -> None:
         data = frame.encode("utf-8", "surrogatepass") if isinstance(frame, str) else bytes(frame)
-        await self.stream.send_all(data if isinstance(frame, Raw) else data + b"\n")
+        await self.stream.send_all(data if isinstance(frame, RawFrame) else data + b"\n")
 
     async def receive(self) -> dict | None:
         """The next message; None once the server closed."""
@@ -98,7 +98,7 @@ class WsClient:
                 return False
 
     async def send(self, frame: str | bytes) -> None:
-        if isinstance(frame, Raw):
+        if isinstance(frame, RawFrame):
             await self.stream.send_all(bytes(frame))
         elif isinstance(frame, str) and not frame.isascii():
             await self.stream.send_all(text_frame(frame.encode("utf-8", "surrogatepass")))  # maybe not UTF-8

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from hypothesis import strategies as st
 
-from .clients import Raw
+from .clients import RawFrame
 
 MAX_MESSAGE = 65536  # the fuzzed server's --max-message-bytes
 ENDINGS = ("probe", "probe", "probe", "reset", "close", "silent")
@@ -103,7 +103,7 @@ def frames(messages: st.SearchStrategy[dict], binary: st.SearchStrategy[bytes] |
     if binary is not None:
         options += [binary] * 2
     if raw:  # rarer: they end the connection
-        options.append(st.one_of(st.sampled_from(BAD_FRAMES), st.binary(min_size=1, max_size=64)).map(Raw))
+        options.append(st.one_of(st.sampled_from(BAD_FRAMES), st.binary(min_size=1, max_size=64)).map(RawFrame))
     return st.one_of(options)
 
 

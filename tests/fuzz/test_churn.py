@@ -41,12 +41,12 @@ class Doors:
 
     def __init__(self, speech: bytes) -> None:
         b64 = base64.b64encode(speech).decode()
+        append = _json({"type": "input_audio_buffer.append", "audio": b64})
         self.doors = {
             "tcp": ("tcp", None, _json({"type": "audio", "data": b64}), '{"type":"ping"}'),
             "ws": ("ws", "/", speech, '{"type":"ping"}'),
-            "vllm": ("ws", "/v1/realtime", _json({"type": "input_audio_buffer.append", "audio": b64}), '{"type":"x"}'),
-            "openai": ("ws", "/v1/realtime?intent=transcription",
-                       _json({"type": "input_audio_buffer.append", "audio": b64}), '{"type":"input_audio_buffer.clear"}'),
+            "vllm": ("ws", "/v1/realtime", append, '{"type":"x"}'),
+            "openai": ("ws", "/v1/realtime?intent=transcription", append, '{"type":"input_audio_buffer.clear"}'),
             "deepgram": ("ws", "/v1/listen?encoding=linear16&sample_rate=16000", speech, '{"type":"X"}'),
         }
 

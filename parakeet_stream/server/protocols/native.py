@@ -201,10 +201,11 @@ class NativeSession(Session):
         if parsed is None:  # a binary frame of raw audio in the declared encoding
             await self.segments.push(decode_bytes(message, self.encoding))
         elif isinstance(parsed, Audio):
-            samples = audio_samples(parsed, self.encoding)
+            samples, final = audio_samples(parsed, self.encoding), parsed.final
+            del parsed  # a `samples` list is 8 times the float32 audio it carries: not while push waits
             if samples is not None and len(samples):
                 await self.segments.push(samples)
-            if parsed.final:
+            if final:
                 self.segments.current.finalize()
         elif isinstance(parsed, Ping):
             self.post({"type": "pong"})
