@@ -13,6 +13,7 @@ import wsproto
 from helpers import BareWebSocket, running_server
 from trio.testing import memory_stream_pair
 from trio_websocket import WebSocketConnection, WebSocketRequest
+from wsproto.frame_protocol import FrameProtocol
 
 from parakeet_stream.server import ws_adapter
 
@@ -34,7 +35,7 @@ def _parameters(function) -> list[str]:
 async def test_the_private_names_it_uses_are_there():
     assert inspect.iscoroutinefunction(ws_adapter._upstream_close_handler)
     assert _parameters(ws_adapter._upstream_close_handler) == ["self", "event"]
-    assert _parameters(WebSocketConnection._send) == ["self", "event"]
+    assert _parameters(ws_adapter._upstream_send) == ["self", "event"]
     assert _parameters(WebSocketConnection._close_stream) == ["self"]
     left, _ = memory_stream_pair()
     connection = WebSocketConnection(left, wsproto.WSConnection(wsproto.ConnectionType.SERVER))
@@ -53,3 +54,22 @@ async def test_a_malformed_frame_gets_its_close_frame(engine):
             await client.stream.send_all(frame)
             assert await client.close_code() == code
             await client.drop()
+
+
+async def test_a_closing_connection_survives_what_it_can_no_longer_answer(engine):
+    """Found by the fuzz suite: once the server has sent its close frame, a client that goes on
+    with a ping and an oversized message made trio-websocket's reader raise wsproto's
+    LocalProtocolError, which ended the whole server. Now the connection just ends."""
+    async with running_server(engine, max_message_bytes=4096) as ctx:
+        port = ctx.config.ports["ws"]
+        client = await BareWebSocket.connect(port)
+        await client.stream.send_all(client.frames({"type": "start", "sample_rate": 1}))  # invalid_config: closes
+        assert await client.close_code() == 1008  # the server is closing, waiting for our close frame
+        frames = FrameProtocol(client=True, extensions=[])  # our wsproto would send nothing more now
+        await client.stream.send_all(frames.ping(b"x") + frames.send_data("x" * 5000, fin=True))
+        await client.drop()
+        for _ in range(3):  # still serving
+            other = await BareWebSocket.connect(port)
+            await other.stream.send_all(other.frames({"type": "start", "sample_rate": 1}))
+            assert await other.close_code() == 1008
+            await other.drop()

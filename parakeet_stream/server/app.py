@@ -1,4 +1,5 @@
-"""Listeners for TCP, WebSocket, HTTP, the HAProxy agent and gRPC; graceful drain on shutdown."""
+"""Listeners for TCP, WebSocket, HTTP, the HAProxy agent and gRPC; graceful drain on shutdown; the
+memory closed connections leave handed back (memory.py)."""
 from __future__ import annotations
 
 import logging
@@ -13,6 +14,7 @@ from . import ws_adapter
 from .context import ServerContext
 from .doors import handle_tcp, handle_websocket
 from .http import handle_http
+from .memory import reclaim_after_closes
 from .replica import handle_agent
 from .riva import RivaDoor, serve_riva
 
@@ -37,6 +39,7 @@ async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> 
         ws = await open_listeners(config.host, config.ws_port)
         http = await open_listeners(config.host, config.http_port)
         config.ports = {"tcp": _port(tcp), "ws": _port(ws), "http": _port(http)}
+        handlers.start_soon(reclaim_after_closes, ctx)
         handlers.start_soon(
             partial(trio.serve_listeners, _guarded(partial(handle_http, ctx)), http, handler_nursery=handlers)
         )

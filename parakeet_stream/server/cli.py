@@ -19,6 +19,7 @@ from .app import serve
 from .codes import ProtocolError
 from .context import ServerConfig, ServerContext
 from .guard import memory_problem
+from .memory import freeze_startup_objects
 from .ports import port_problem
 
 
@@ -191,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"parakeet-serve: refusing to start: {problem}", file=sys.stderr)
         return 2
+    freeze_startup_objects()
     with engine:
         try:
             outcome = trio.run(_main, engine, config)

@@ -1,16 +1,26 @@
 """One client connection: a reader and a writer loop around its protocol's session.
 
 The connection owns what every protocol shares: reading (batches, the message rate, the idle
-timeout), writing (on every wake-up of the segments, the session delivers), how it ends (error
-codes and their close policy, a vanished or slow client) and the drain at shutdown. It logs one
-line when it opens and one when it closes, on the `parakeet_stream.connections` logger (an access
-log: silence it on its own with `logging.getLogger("parakeet_stream.connections").setLevel(...)`).
+timeout), writing, how it ends (error codes and their close policy, a vanished or slow client)
+and the drain at shutdown. It logs one line when it opens and one when it closes, on the
+`parakeet_stream.connections` logger (an access log: silence it on its own with
+`logging.getLogger("parakeet_stream.connections").setLevel(...)`).
+
+Writing: the session never awaits a send. Whatever it decides (a transition of its state, on a
+client message in the reader or on engine news in the writer) it posts the messages that go
+with it in the same step (`post`, synchronous), into one ordered outbox that only the writer
+sends from. So a transition and its messages are atomic, and messages leave in the order their
+transitions happened, whichever task made them. A client mistake is answered the same way from
+either task (`answer`): its protocol's error message, and the end of the connection if the
+code's policy closes it. The outbox is bounded: past OUTBOX_BYTES the reader stops reading until
+the client has read what it was sent.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import math
+from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +29,8 @@ import trio
 from . import wire
 from .channel import Channel, ChannelClosed, SlowConsumer
 from .codes import ProtocolError
-from .guard import MAX_BATCH_MESSAGES, TokenBucket, message_units
+from .guard import MAX_BATCH_MESSAGES, OUTBOX_BYTES, TokenBucket, message_units
+from .wakeup import Wakeup
 
 if TYPE_CHECKING:
     from .context import ServerContext
@@ -39,7 +50,9 @@ class Connection:
         self.session = protocol.session(self, options)
         self.segments = self.session.segments
         self.end_reason: str | None = None
-        self._end_message: dict | None = None
+        self._outbox: deque[bytes] = deque()
+        self.outbox_bytes = 0
+        self._sent = Wakeup()  # the writer sent what the outbox held
         self._nursery: trio.Nursery | None = None
         self._reader_scope = trio.CancelScope()
         self._idle_scope = trio.CancelScope()
@@ -66,6 +79,7 @@ class Connection:
                 self.segments.close()
                 await self._close()
             ctx.open_sessions -= 1
+            ctx.connection_closed.set()
             ctx.metrics.connections.labels(label).dec()
             access.info(
                 "connection closed %s reason=%s audio_s=%.1f results=%d",
@@ -73,16 +87,34 @@ class Connection:
             )
 
     def end(self, reason: str, message: dict | None = None) -> None:
-        """End the connection (the first reason wins); `message` is sent before closing."""
+        """End the connection (the first reason wins); `message` is sent last, before closing."""
         if self.end_reason is None:
-            self.end_reason, self._end_message = reason, message
+            if message is not None:
+                self.post(message)
+            self.end_reason = reason
             if self.protocol.policy(reason) is not None:
                 self.ctx.metrics.error(reason)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    async def send(self, message: dict) -> None:
-        await self.channel.send(wire.dumps(message))
+    def post(self, message: dict) -> None:
+        """Queue a message for the client, after those posted before (none once the connection ends)."""
+        if self.end_reason is None:
+            if not self._outbox:  # else the writer is on its way
+                self.segments.changed.set()
+            data = wire.dumps(message)
+            self._outbox.append(data)
+            self.outbox_bytes += len(data)
+
+    def answer(self, exc: ProtocolError) -> None:
+        """A client's mistake, from whichever task met it: its protocol's error message, and the
+        end of the connection if the code's policy closes it."""
+        message = self.session.error_message(exc.code, exc.message)
+        if self.protocol.policy(exc.code).closes:
+            self.end(exc.code, message)
+        else:
+            self.ctx.metrics.error(exc.code)
+            self.post(message)
 
     def rearm_idle(self) -> None:
         """(Re)start the idle clock: idle time counts unless the client is waiting on us."""
@@ -98,12 +130,12 @@ class Connection:
         except SlowConsumer:
             self.end("slow_consumer")
         except ProtocolError as exc:
-            self.end(exc.code, self.session.error_message(exc.code, exc.message))
+            self.answer(exc)
 
     # -- reading -------------------------------------------------------------------------
     async def _read_loop(self, first: str | None) -> None:
         with self._reader_scope, self._ends_on_errors():
-            await self.session.open()
+            self.session.open()
             if first is not None:
                 await self._batch(first)
             while True:
@@ -124,17 +156,18 @@ class Connection:
         while frame is not None:
             units += message_units(len(frame))
             for message in split(frame) if split else (frame,):
+                if self.end_reason is not None:  # ended, maybe by the writer meanwhile: read no more
+                    return
                 try:
                     await session.on_message(message)
                 except ProtocolError as exc:
-                    if self.protocol.policy(exc.code).closes:
-                        raise
-                    self.ctx.metrics.error(exc.code)
-                    await self.send(session.error_message(exc.code, exc.message))
+                    self.answer(exc)
                 handled += 1
             frame = self.channel.receive_buffered() if handled < MAX_BATCH_MESSAGES else None
         self.segments.flush()
         await self._rate.spend(max(units, handled))
+        while self.outbox_bytes > OUTBOX_BYTES:  # the client does not read what it is sent
+            await self._sent.wait()
         if handled >= MAX_BATCH_MESSAGES:  # more may be buffered: let other connections run first
             await trio.lowlevel.checkpoint()
 
@@ -149,7 +182,21 @@ class Connection:
         with self._ends_on_errors():
             while True:
                 await self.segments.changed.wait()
-                await self.session.deliver()
+                try:
+                    self.session.deliver()
+                except ProtocolError as exc:  # met in an action that waited for the next segment
+                    self.answer(exc)
+                await self._flush()
+
+    async def _flush(self) -> None:
+        while self._outbox:
+            data = self._outbox.popleft()
+            self.outbox_bytes -= len(data)
+            # whole or not at all: an end meanwhile takes effect after it (a send gives up
+            # after the send timeout on its own)
+            with trio.CancelScope(shield=True):
+                await self.channel.send(data)
+        self._sent.set()
 
     async def _close(self) -> None:
         reason = self.end_reason or "vanished"
@@ -157,9 +204,8 @@ class Connection:
             await self.channel.abort()
             return
         try:
-            if self._end_message is not None:
-                with trio.fail_after(1):
-                    await self.send(self._end_message)
+            with trio.fail_after(self.ctx.config.send_timeout):
+                await self._flush()  # the messages posted before the end, the end's own last
         except (ChannelClosed, SlowConsumer, trio.TooSlowError):
             await self.channel.abort()
             return

@@ -61,6 +61,7 @@ class ServerContext:
     estimator: WaitEstimator = field(default_factory=WaitEstimator)
     shutdown: trio.Event = field(default_factory=trio.Event)  # draining: accept nothing new
     drain_expired: trio.Event = field(default_factory=trio.Event)  # the drain timeout passed: finalize every segment
+    connection_closed: trio.Event = field(default_factory=trio.Event)  # since the last memory reclaim (memory.py)
     open_sessions: int = 0
     open_uploads: int = 0
 

@@ -4,7 +4,9 @@ message rate, the memory bound, and the start-up memory check.
 What a connection may hold (docs/protocol.md section 5): its segment's audio not yet encoded
 (`max_backlog_seconds` at the model rate, float32, whether queued or admitted) plus the
 message it is reading or parsing (framing buffers and the decoded samples, each at most
-`max_message_bytes`), plus a fixed overhead for its tasks and buffers.
+`max_message_bytes`), plus the state of its resampler (when the client's rate is not the
+model's) and a fixed overhead for its tasks and buffers, the messages it was sent and has not
+read (OUTBOX_BYTES) among them. tests/fuzz/test_churn.py measures it on every door.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ SAMPLE_BYTES = 4  # float32
 MAX_BATCH_MESSAGES = 64  # messages handled per wake-up before yielding to other connections
 MESSAGE_UNIT_BYTES = 8192  # a message counts once per started 8 KiB against the rate
 MESSAGE_COPIES = 5  # framing buffers (transport + WebSocket queue) and decoded copies
-CONNECTION_OVERHEAD = 256 * 1024
+CONNECTION_OVERHEAD = 512 * 1024  # tasks, socket and WebSocket buffers, the heap a growing audio buffer leaves
+RESAMPLER_BYTES = 256 * 1024  # soxr's HQ filter state: 0.17 (24 kHz) to 0.24 MB (8 kHz), measured
+OUTBOX_BYTES = 64 * 1024  # messages posted, not yet sent, past which the reader stops reading
 MIN_BACKLOG_SECONDS = 2.0  # below a chunk plus its context the engine could never catch up
 
 
@@ -35,7 +39,7 @@ def backlog_bytes(config: ServerConfig) -> int:
 
 def connection_bytes(config: ServerConfig) -> int:
     """The documented memory bound of one connection (segment and message in flight)."""
-    return backlog_bytes(config) + MESSAGE_COPIES * config.max_message_bytes + CONNECTION_OVERHEAD
+    return backlog_bytes(config) + MESSAGE_COPIES * config.max_message_bytes + RESAMPLER_BYTES + CONNECTION_OVERHEAD
 
 
 def memory_problem(config: ServerConfig, streams: int, available: int | None = None) -> str | None:

@@ -44,8 +44,8 @@ async def handle_http(ctx: ServerContext, stream: trio.SocketStream) -> None:
             elif request is not None:
                 status, body, content_type = route(ctx, request.method, request.target)
                 headers = security_headers(ctx, _host(request.headers))
-                await _respond(conn, stream, status, body, content_type, headers)
-    except h11.RemoteProtocolError as exc:  # malformed request; headers over MAX_REQUEST_BYTES: 431
+                await _respond(conn, stream, status, body, content_type, headers, head=request.method == b"HEAD")
+    except h11.RemoteProtocolError as exc:  # malformed: 400 (a transfer coding h11 lacks: 501); too big: 431
         with trio.move_on_after(1):
             await _refuse(stream, exc.error_status_hint)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -57,8 +57,8 @@ async def handle_http(ctx: ServerContext, stream: trio.SocketStream) -> None:
 async def _refuse(stream: trio.SocketStream, status: int) -> None:
     """Answer a request h11 could not parse (its connection state is spent), then half-close
     and drain, so that the client reads the answer rather than a reset."""
-    body = _json({"error": "request header fields too large" if status == 431 else "bad request"})
-    head = f"HTTP/1.1 {status} {'Request Header Fields Too Large' if status == 431 else 'Bad Request'}\r\n"
+    body = _json({"error": HTTPStatus(status).phrase.lower()})
+    head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
     head += f"content-type: {JSON}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
     try:
         await stream.send_all(head.encode() + body)
@@ -92,6 +92,7 @@ async def _respond(
     body: bytes,
     content_type: str,
     extra: Sequence[tuple[str, str]] = (),
+    head: bool = False,  # the answer to a HEAD request: its headers only
 ) -> None:
     if content_type.startswith("text/") and "charset" not in content_type:
         content_type += "; charset=utf-8"
@@ -103,7 +104,9 @@ async def _respond(
         *extra,
     ]
     data = conn.send(h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase))
-    data += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
+    if not head:
+        data += conn.send(h11.Data(data=body))
+    data += conn.send(h11.EndOfMessage())
     await stream.send_all(data)
 
 

@@ -117,8 +117,9 @@ class Segment:
         self.pushed_samples += len(samples)
 
     def finalize(self) -> None:
-        """The client's end of input: the engine transcribes what is left, then sends the final result."""
-        if self.final_at is not None:
+        """The client's end of input: the engine transcribes what is left, then sends the final result.
+        Once only, and not once the stream is over (its final result collected, or cancelled)."""
+        if self.final_at is not None or self.finished:
             return
         if self._resampler is not None:  # the filter's tail
             tail = self._resampler.push(np.zeros(0, np.float32), last=True)

@@ -4,7 +4,10 @@ A protocol translates, and only that: `on_message` turns a client message into c
 segments (push audio, finalize, open, ...), and the `on_*` hooks turn what the engine sends back
 into its messages. This class delivers the engine's news to those hooks, the same way for every
 protocol: queue positions, admission, each result (for a failed one, the protocol's error
-message first), then the segment's end and the audio that waited for the next segment.
+message first), then the segment's end and what waited for the next segment.
+
+Everything but pushing audio (which may wait for the engine) is synchronous: a decision and the
+messages it posts (`post`, see connection.py) happen in one step, with nothing awaited between.
 """
 from __future__ import annotations
 
@@ -33,23 +36,23 @@ class Session:
         self.info = ctx.engine.info
         self.segments = Segments(ctx, connection.channel, connection.protocol.metric, self.several_segments)
         self.results_sent = 0
-        self.send = connection.send  # async (message: dict): to the client
+        self.post = connection.post  # (message: dict): queued for the client, in order
         self._engine = ctx.engine
 
     # -- what a protocol implements ------------------------------------------------------
-    async def open(self) -> None:
+    def open(self) -> None:
         """Before the first message is read."""
 
     async def on_message(self, message: str | bytes) -> None:
         raise NotImplementedError
 
-    async def on_admitted(self, segment: Segment) -> None:
+    def on_admitted(self, segment: Segment) -> None:
         """The segment got a slot."""
 
-    async def on_result(self, segment: Segment, result: StreamResult) -> None:
+    def on_result(self, segment: Segment, result: StreamResult) -> None:
         """One engine result, in order (absorbed: `segment.text` includes it)."""
 
-    async def on_segment_finished(self, segment: Segment) -> None:
+    def on_segment_finished(self, segment: Segment) -> None:
         """The segment's final result was delivered, its slot is free."""
 
     def error_message(self, code: str, message: str) -> dict:
@@ -60,12 +63,10 @@ class Session:
         return None
 
     # -- delivery ------------------------------------------------------------------------
-    async def deliver(self) -> None:
-        """Send what the engine has for the current segment (on every wake-up of the writer)."""
+    def deliver(self) -> None:
+        """Post what the engine has for the current segment (on every wake-up of the writer)."""
         segment = self.segments.current
-        if segment is None or segment.finished or (segment.admitted_at is None and not await self._admit(segment)):
-            return
-        if segment is not self.segments.current:  # replaced while the admission was announced
+        if segment is None or segment.finished or (segment.admitted_at is None and not self._admit(segment)):
             return
         results = self._engine.collect(segment.sid)
         collected_at = trio.current_time()
@@ -76,30 +77,30 @@ class Session:
                 self.connection.ctx.metrics.chunk_latency.observe(result.latency)
             segment.absorb(result)
             if result.error:
-                await self.send(self.error_message(result.error, "inference failed for this stream"))
+                self.post(self.error_message(result.error, "inference failed for this stream"))
             if not result.error or self.sends_failed_results:
-                await self.on_result(segment, result)
+                self.on_result(segment, result)
             self.results_sent += 1
             if result.is_final:
-                await self._finish(segment, result.error)
+                self._finish(segment, result.error)
 
-    async def _admit(self, segment: Segment) -> bool:
+    def _admit(self, segment: Segment) -> bool:
         ctx = self.connection.ctx
         position = segment.position()
         if position > 0:
             if position != segment.announced_position and self.announces_queue:
                 wait = ctx.estimator.estimate(position, ctx.engine.stats()["max_num_streams"])
-                await self.send({"type": "queued", "position": position, "estimated_wait_s": wait})
+                self.post({"type": "queued", "position": position, "estimated_wait_s": wait})
             segment.announced_position = position
             return False
         segment.admitted_at = trio.current_time()
         segment.flush(force=True)  # audio received while queued
         self.segments.progress.set()
         self.connection.rearm_idle()
-        await self.on_admitted(segment)
+        self.on_admitted(segment)
         return True
 
-    async def _finish(self, segment: Segment, error: str | None) -> None:
+    def _finish(self, segment: Segment, error: str | None) -> None:
         connection, segments = self.connection, self.segments
         if segment.final_at is not None:
             since = max(segment.final_at, segment.admitted_at)
@@ -108,11 +109,11 @@ class Session:
         if error:
             connection.end(error)
             return
-        await self.on_segment_finished(segment)
+        self.on_segment_finished(segment)
         if segments.end_after:
             connection.end(segments.end_after, self.last_message(segments.end_after))
         elif not segments.several:
             connection.end("completed")
         else:
-            await segments.replay()
+            segments.replay()
         connection.rearm_idle()

@@ -15,8 +15,12 @@ class WsChannel:
     def __init__(self, ws: WebSocketConnection, send_timeout: float) -> None:
         self._ws = ws
         self._send_timeout = send_timeout
-        remote = ws.remote
-        self.peer = peer_name(remote.address, remote.port) if hasattr(remote, "port") else str(remote)
+        try:
+            remote = ws.remote
+        except OSError:  # already reset
+            self.peer = "?"
+        else:
+            self.peer = peer_name(remote.address, remote.port) if hasattr(remote, "port") else str(remote)
 
     async def receive(self) -> str | bytes:
         try:

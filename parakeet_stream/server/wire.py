@@ -1,14 +1,12 @@
-"""What every protocol reads off the wire: JSON (orjson on the hot path), audio payloads
-(PCM16, float32, G.711 mu-law / A-law) and the numeric fields they declare, each failure
-mapped to a stable error code.
+"""What every protocol reads and writes on the wire besides its message schema (schema.py):
+audio payloads (PCM16, float32, G.711 mu-law / A-law), sample rates, and the JSON the server
+sends (orjson), each failure mapped to a stable error code.
 
 Float samples outside -1..1 (f32 bytes, `samples` lists) are clipped to -1..1, as a sound card
 would: finite but huge values (3e38) would otherwise overflow the features to infinity.
 """
 from __future__ import annotations
 
-import binascii
-import json
 from typing import Any
 
 import numpy as np
@@ -57,18 +55,9 @@ DECODERS = {  # encoding: (bytes per sample, decoder); only float samples can le
 ENCODINGS = tuple(DECODERS)
 
 
-def decode_base64(data: Any) -> bytes:
-    if not isinstance(data, str):
-        raise ProtocolError("invalid_field", "'data' must be a base64 string")
-    try:
-        return binascii.a2b_base64(data, strict_mode=True)
-    except (binascii.Error, ValueError):
-        raise ProtocolError("invalid_base64", "'data' is not valid base64") from None
-
-
-def decode_bytes(raw: bytes, encoding: Any) -> np.ndarray:
+def decode_bytes(raw: bytes, encoding: str) -> np.ndarray:
     """Bytes in one of ENCODINGS (little-endian) -> float32 samples."""
-    width, decode = DECODERS.get(encoding, (None, None)) if isinstance(encoding, str) else (None, None)
+    width, decode = DECODERS.get(encoding, (None, None))
     if decode is None:
         raise ProtocolError("invalid_field", f"'encoding' must be one of {', '.join(ENCODINGS)}")
     if len(raw) % width:
@@ -81,16 +70,10 @@ def decode_bytes(raw: bytes, encoding: Any) -> np.ndarray:
         raise ProtocolError("invalid_samples", "audio contains NaN or infinite samples") from None
 
 
-def decode_samples(samples: Any) -> np.ndarray:
-    """A JSON list of numbers -> float32 samples (strings, nesting, NaN/inf rejected)."""
-    try:
-        array = np.asarray(samples) if isinstance(samples, list) else None
-    except ValueError:  # ragged nesting
-        array = None
-    if array is None or array.ndim != 1 or (array.size and array.dtype.kind not in "fiu"):
-        raise ProtocolError("invalid_field", "'samples' must be a flat list of numbers")
+def decode_samples(samples: list[float]) -> np.ndarray:
+    """A JSON list of numbers (typed by the message's schema) -> float32 samples (NaN/inf rejected)."""
     with np.errstate(over="ignore"):
-        array = array.astype(np.float32)
+        array = np.asarray(samples, np.float32)
     try:
         return _clip(audio.check_samples(array))
     except audio.AudioError:
@@ -99,28 +82,6 @@ def decode_samples(samples: Any) -> np.ndarray:
 
 def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
-
-
-def loads(data: bytes | str) -> Any:
-    """Parse one message; raises ProtocolError(invalid_utf8 | invalid_json)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return _loads_slow(data)
-
-
-def _loads_slow(data: bytes | str) -> Any:
-    # Error path only: tell bad UTF-8 from bad JSON, and accept the NaN/Infinity
-    # literals Python's json module writes so that they are reported as bad samples.
-    if isinstance(data, bytes):
-        try:
-            data = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ProtocolError("invalid_utf8", "message is not valid UTF-8") from None
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError):
-        raise ProtocolError("invalid_json", "message is not valid JSON") from None
 
 
 def parse_sample_rate(value: Any, from_url: bool = False) -> int:

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ... import audio
-from .. import wire
 from ..codes import ProtocolError
 from ..protocol import Accept, Handshake, Protocol, Refusal, check_access
+from ..schema import Message, Schema
+from ..segments import State
 from ..session import Session
 from ..wire import decode_bytes, parse_sample_rate
 from ..words import WordTracker, first_text_time, transcript_confidence
@@ -144,6 +145,21 @@ def credentials(headers: dict[str, str], offered: list[str]) -> tuple[str | None
     return None, None
 
 
+class KeepAlive(Message, tag="KeepAlive"):
+    pass
+
+
+class Finalize(Message, tag="Finalize"):
+    pass
+
+
+class CloseStream(Message, tag="CloseStream"):
+    pass
+
+
+SCHEMA = Schema(KeepAlive, Finalize, CloseStream)
+
+
 @dataclass
 class Transcript:
     """What the next final Results holds: the words since the last one (connection times)."""
@@ -174,72 +190,68 @@ class DeepgramSession(Session):
                 raise ProtocolError("stream_closed", "audio after CloseStream")
             await self.segments.push(samples)
             return
-        event = wire.loads(message)
-        kind = event.get("type") if isinstance(event, dict) else None
-        if kind == "KeepAlive":
-            return  # receiving it restarted the idle clock
-        if kind == "Finalize":
-            await self._finalize(from_finalize=not self._closing)
-        elif kind == "CloseStream":
-            await self._close_stream()
-        else:
-            raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:40]!r}")
+        event = SCHEMA.decode(message)
+        if isinstance(event, Finalize):
+            self._finalize(from_finalize=not self._closing)
+        elif isinstance(event, CloseStream):
+            self._close_stream()
+        # KeepAlive: receiving it restarted the idle clock
 
-    async def _finalize(self, from_finalize: bool) -> bool:
+    def _finalize(self, from_finalize: bool) -> bool:
         """End the current segment's input (flushing its words); False when there is no audio to
         end. `from_finalize`: its final Results answers a Finalize."""
         segments = self.segments
-        if segments.draining:  # then the audio waiting behind it
-            if segments.holding:
-                segments.defer(functools.partial(self._finalize, from_finalize))
-            return True
-        segment = segments.current
-        if segment is None or not segment.received_samples:
-            return False
-        self._from_finalize = from_finalize
-        segment.finalize()
-        return True
+        match segments.state:
+            case State.DRAINING:  # then the audio waiting behind it
+                if segments.holding:
+                    segments.defer(functools.partial(self._finalize, from_finalize))
+                return True
+            case State.OPEN if segments.current.received_samples:
+                self._from_finalize = from_finalize
+                segments.current.finalize()
+                return True
+        return False
 
-    async def _close_stream(self) -> None:
+    def _close_stream(self) -> None:
         """CloseStream: once every segment is transcribed, Metadata and the close."""
         self._closing = True
-        if await self._finalize(from_finalize=False):
+        if self._finalize(from_finalize=False):
             self.segments.defer(self._close_stream)  # checked again once this segment is done
         else:
             self.connection.end("completed", self.last_message("completed"))
 
-    async def on_result(self, segment: Segment, result: StreamResult) -> None:
+    def on_result(self, segment: Segment, result: StreamResult) -> None:
         transcript = self._transcript
         first = first_text_time(self.info.tokenizer, result)
         first = None if first is None else segment.offset + first
         now = segment.heard_until(result)
-        await self._utterance_end(now if first is None else first)  # the gap, up to the next word
+        self._utterance_end(now if first is None else first)  # the gap, up to the next word
         if first is not None and not transcript.spoken:
             transcript.start, transcript.spoken = first, True
             if self.options.vad_events:
-                await self.send({"type": "SpeechStarted", "channel": [0, 1], "timestamp": round(first, 3)})
+                self.post({"type": "SpeechStarted", "channel": [0, 1], "timestamp": round(first, 3)})
         ends_transcript = result.utterance_end or result.is_final
         transcript.words += self._words.update(result, now, close=ends_transcript, offset=segment.offset)
         transcript.text += result.text
         if ends_transcript:
-            await self._send_final(now, speech_final=result.utterance_end)
+            self._send_final(now, speech_final=result.utterance_end)
         elif self.options.interim_results and first is not None:
-            await self.send(self._results(now, is_final=False, speech_final=False))
+            self.post(self._results(now, is_final=False, speech_final=False))
         if result.is_final and self._closing:
-            await self._utterance_end(now, ended=True)
+            self._utterance_end(now, ended=True)
 
-    async def _send_final(self, now: float, speech_final: bool) -> None:
+    def _send_final(self, now: float, speech_final: bool) -> None:
         from_finalize, self._from_finalize = self._from_finalize, False
         transcript = self._transcript
         if transcript.spoken or from_finalize:
             message = self._results(now, is_final=True, speech_final=speech_final and self.options.speech_final)
             message["from_finalize"] = from_finalize
-            await self.send(message)
+            self.post(message)
         if transcript.words:
             self._last_final_word_end = transcript.words[-1]["end"]
         self._transcript = Transcript(start=now)
 
-    async def _utterance_end(self, now: float, ended: bool = False) -> None:
+    def _utterance_end(self, now: float, ended: bool = False) -> None:
         """UtteranceEnd once `utterance_end_ms` of audio without a word followed the last
         finalized one (or the audio ended)."""
         last, wait = self._last_final_word_end, self.options.utterance_end_ms
@@ -247,7 +259,7 @@ class DeepgramSession(Session):
             return
         if ended or now - last >= wait / 1000:
             self._last_final_word_end = None
-            await self.send({"type": "UtteranceEnd", "channel": [0, 1], "last_word_end": last})
+            self.post({"type": "UtteranceEnd", "channel": [0, 1], "last_word_end": last})
 
     def _results(self, now: float, is_final: bool, speech_final: bool) -> dict:
         transcript = self._transcript

@@ -5,21 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 import trio
 
 from ... import audio
 from ...model import config as model_config
 from ...model.config import Lookahead
-from .. import wire
 from ..channel import ChannelClosed
 from ..codes import ProtocolError
 from ..guard import key_ok
 from ..protocol import Accept, Protocol, Refusal
+from ..schema import InvalidField, Message, Schema
 from ..session import Session
-from ..wire import ENCODINGS, decode_base64, decode_bytes, decode_samples, parse_sample_rate
+from ..wire import ENCODINGS, decode_bytes, decode_samples, parse_sample_rate
 from ..words import WordTracker
 
 if TYPE_CHECKING:
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
 
 PROTOCOL_VERSION = 3  # 3: results carry `words`
 PRE_AUTH_MAX_LINE = 65536  # TCP with an API key: the longest first line (it carries the key)
-RAW_AUDIO = object()  # a binary frame that is not a JSON object
-START_TYPES = ("start", "config")
 
 
 @dataclass
@@ -44,84 +43,85 @@ class StreamConfig:
     lookahead: tuple[int, int] | None = None
 
 
-@dataclass
-class Start:
-    config: StreamConfig
+class Start(Message, tag="start"):
+    sample_rate: int | None = None
+    encoding: str | None = None
+    lookahead: str | list[int] | None = None
+    codes = {"sample_rate": "invalid_config", "encoding": "invalid_config", "lookahead": "invalid_config"}
 
 
-@dataclass
-class Audio:
-    samples: np.ndarray | None  # None: a bare final marker
-    final: bool
+class Config(Start, tag="config"):
+    """The original protocol's name for start."""
 
 
-@dataclass
-class Close:
+class Audio(Message, tag="audio"):
+    data: bytes | None = None  # base64 in the JSON
+    samples: list[float] | None = None
+    encoding: str | None = None
+    final: bool = False
+
+
+class Close(Message, tag="close"):
     pass
 
 
-@dataclass
-class Ping:
+class Ping(Message, tag="ping"):
     pass
 
 
-ClientMessage = Start | Audio | Close | Ping
+class KeyLine(msgspec.Struct):
+    """The first TCP line with an API key: any message, with "api_key"."""
+
+    api_key: str | None = None
 
 
-def parse(obj: Any, encoding: str) -> ClientMessage:
-    """One decoded JSON value -> a client message; `encoding` is the stream's default."""
-    if not isinstance(obj, dict):
-        raise ProtocolError("invalid_message", "a message must be a JSON object")
-    kind = obj.get("type")
-    if kind is None:
-        raise ProtocolError("missing_field", "'type' is required")
-    if kind == "audio":
-        return parse_audio(obj, encoding)
-    if kind == "close":
-        return Close()
-    if kind == "ping":
-        return Ping()
-    if kind in START_TYPES:
-        return Start(parse_config(obj))
-    raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:40]!r}")
+SCHEMA = Schema(Start, Config, Audio, Close, Ping)
+KEY_LINE = Schema(KeyLine)
 
 
-def parse_audio(obj: dict, encoding: str) -> Audio:
-    final = obj.get("final", False)
-    if not isinstance(final, bool):
-        raise ProtocolError("invalid_field", "'final' must be a boolean")
-    has_data, has_samples = obj.get("data") is not None, obj.get("samples") is not None
-    if has_data and has_samples:
+def audio_samples(message: Audio, encoding: str) -> np.ndarray | None:
+    """The samples of an audio message (None: a bare final marker); `encoding`: the stream's."""
+    if message.data is not None and message.samples is not None:
         raise ProtocolError("invalid_field", "send either 'data' or 'samples', not both")
-    if has_samples:
-        return Audio(decode_samples(obj["samples"]), final)
-    if has_data:
-        raw = decode_base64(obj["data"])
-        return Audio(decode_bytes(raw, obj.get("encoding") or encoding), final)
-    if not final:
+    if message.samples is not None:
+        return decode_samples(message.samples)
+    if message.data is not None:
+        return decode_bytes(message.data, message.encoding or encoding)
+    if not message.final:
         raise ProtocolError("missing_field", "audio needs 'data' or 'samples'")
-    return Audio(None, True)
+    return None
 
 
-def parse_config(obj: dict, from_url: bool = False) -> StreamConfig:
-    """Fields of a start/config message or (`from_url`) of WebSocket query parameters."""
+def stream_config(message: Start) -> StreamConfig:
     config = StreamConfig()
-    if obj.get("sample_rate") is not None:
-        config.sample_rate = parse_sample_rate(obj["sample_rate"], from_url)
-    if obj.get("encoding") is not None:
-        config.encoding = parse_encoding(obj["encoding"], "invalid_config")
-    if obj.get("lookahead") is not None:
-        config.lookahead = parse_lookahead(obj["lookahead"])
+    if message.sample_rate is not None:
+        config.sample_rate = parse_sample_rate(message.sample_rate)
+    if message.encoding is not None:
+        config.encoding = parse_encoding(message.encoding)
+    if message.lookahead is not None:
+        config.lookahead = parse_lookahead(message.lookahead)
     return config
 
 
-def parse_encoding(value: Any, code: str = "invalid_field") -> str:
+def url_config(query: dict[str, str]) -> StreamConfig:
+    """The same fields as WebSocket query parameters (text, so digits are read as numbers)."""
+    config = StreamConfig()
+    if query.get("sample_rate") is not None:
+        config.sample_rate = parse_sample_rate(query["sample_rate"], from_url=True)
+    if query.get("encoding") is not None:
+        config.encoding = parse_encoding(query["encoding"])
+    if query.get("lookahead") is not None:
+        config.lookahead = parse_lookahead(query["lookahead"])
+    return config
+
+
+def parse_encoding(value: str) -> str:
     if value not in ENCODINGS:
-        raise ProtocolError(code, f"'encoding' must be one of {', '.join(ENCODINGS)}")
+        raise ProtocolError("invalid_config", f"'encoding' must be one of {', '.join(ENCODINGS)}")
     return value
 
 
-def parse_lookahead(value: Any) -> Lookahead:
+def parse_lookahead(value: str | list[int]) -> Lookahead:
     try:
         return model_config.parse_lookahead(value)
     except ValueError:
@@ -155,12 +155,14 @@ async def tcp_handshake(ctx: ServerContext, channel: TcpChannel) -> Accept | Ref
     with trio.move_on_after(ctx.config.handshake_timeout):
         try:
             line = await channel.receive(PRE_AUTH_MAX_LINE)
-            fields = wire.loads(line)
+            key = KEY_LINE.decode(line).api_key
+        except InvalidField:  # JSON, but no object with a string "api_key"
+            key = None
         except ProtocolError as exc:
             return Refusal(400, exc.code, exc.message)
         except ChannelClosed:
             return None
-        if not key_ok(ctx.config.api_key, fields.get("api_key") if isinstance(fields, dict) else None):
+        if not key_ok(ctx.config.api_key, key):
             return Refusal(401, "unauthorized", "a valid API key is required")
         return Accept({}, first=line)
     return Refusal(401, "unauthorized", "no API key within the handshake timeout")
@@ -180,8 +182,8 @@ class NativeSession(Session):
         self._hello_sent = False
         self._words = WordTracker(self.info)
 
-    async def open(self) -> None:
-        self._declare(parse_config(self._query, from_url=True))
+    def open(self) -> None:
+        self._declare(url_config(self._query))
         self._open()
 
     def _declare(self, config: StreamConfig) -> None:
@@ -194,28 +196,27 @@ class NativeSession(Session):
         self.segments.open(self.declared.lookahead)
 
     async def on_message(self, message: str | bytes) -> None:
-        obj = _sniff_json(message) if isinstance(message, bytes) else wire.loads(message)
+        parsed = _sniff_json(message) if isinstance(message, bytes) else SCHEMA.decode(message)
         first, self._first = self._first, False
-        if obj is RAW_AUDIO:  # a binary frame of raw audio in the declared encoding
+        if parsed is None:  # a binary frame of raw audio in the declared encoding
             await self.segments.push(decode_bytes(message, self.encoding))
-            return
-        parsed = parse(obj, self.encoding)
-        del obj  # parsed JSON (a samples list) can be many times the audio it carries
-        if isinstance(parsed, Audio):
-            if parsed.samples is not None and len(parsed.samples):
-                await self.segments.push(parsed.samples)
-            if parsed.final:
+        elif isinstance(parsed, Audio):
+            samples, final = audio_samples(parsed, self.encoding), parsed.final
+            del parsed  # a `samples` list is 8 times the float32 audio it carries: not while push waits
+            if samples is not None and len(samples):
+                await self.segments.push(samples)
+            if final:
                 self.segments.current.finalize()
         elif isinstance(parsed, Ping):
-            await self.send({"type": "pong"})
+            self.post({"type": "pong"})
         elif isinstance(parsed, Close):
             self.segments.current.finalize()
         elif first:
-            await self._start(parsed.config)
+            self._start(stream_config(parsed))
         else:
             raise ProtocolError("bad_state", "start/config is only accepted as the first message")
 
-    async def _start(self, config: StreamConfig) -> None:
+    def _start(self, config: StreamConfig) -> None:
         self._declare(config)
         segment = self.segments.current
         if tuple(self.declared.lookahead or self.info.default_lookahead) != segment.lookahead:
@@ -223,12 +224,12 @@ class NativeSession(Session):
             self._open()
         else:
             segment.set_input_rate(self.segments.rate)
-        await self.send({"type": "started", **self._stream_info(self.segments.current)})
+        self.post({"type": "started", **self._stream_info(self.segments.current)})
 
-    async def on_admitted(self, segment: Segment) -> None:
+    def on_admitted(self, segment: Segment) -> None:
         if not self._hello_sent:
             self._hello_sent = True
-            await self.send({"type": "hello", **self._stream_info(segment)})
+            self.post({"type": "hello", **self._stream_info(segment)})
 
     def _stream_info(self, segment: Segment) -> dict:
         return {
@@ -242,7 +243,7 @@ class NativeSession(Session):
             "protocol_version": PROTOCOL_VERSION,
         }
 
-    async def on_result(self, segment: Segment, result: StreamResult) -> None:
+    def on_result(self, segment: Segment, result: StreamResult) -> None:
         message = {
             "type": "result",
             "stream_id": segment.sid,
@@ -261,21 +262,22 @@ class NativeSession(Session):
         }
         if result.error:
             message["error"] = result.error
-        await self.send(message)
+        self.post(message)
 
     def last_message(self, reason: str) -> dict:
         return {"type": "closed", "reason": reason}
 
 
-def _sniff_json(frame: bytes) -> Any:
-    """Original clients may send JSON objects in binary frames; anything else is raw audio."""
+def _sniff_json(frame: bytes) -> Message | None:
+    """Original clients may send JSON objects in binary frames; anything else (None) is raw audio."""
     if not frame.startswith(b"{"):
-        return RAW_AUDIO
+        return None
     try:
-        obj = wire.loads(frame)
-    except ProtocolError:
-        return RAW_AUDIO
-    return obj if isinstance(obj, dict) else RAW_AUDIO
+        return SCHEMA.decode(frame)
+    except InvalidField:
+        raise
+    except ProtocolError:  # not JSON
+        return None
 
 
 WEBSOCKET = Protocol(name="native", metric="ws", door="ws", session=NativeSession, split=split_lines)

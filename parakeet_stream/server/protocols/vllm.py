@@ -6,15 +6,19 @@ next utterance, and so does a `commit final` sent behind it.
 """
 from __future__ import annotations
 
+import functools
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .. import wire
+import msgspec
+
 from ..codes import ProtocolError
 from ..protocol import Protocol
+from ..schema import Message, Schema
+from ..segments import State
 from ..session import Session
-from ..wire import decode_base64, decode_bytes, parse_sample_rate
+from ..wire import decode_bytes, parse_sample_rate
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
@@ -29,6 +33,27 @@ VLLM_CODES = {
 }
 
 
+class SessionFields(msgspec.Struct):
+    sample_rate: int | None = None  # any model name is accepted: this server serves exactly one
+
+
+class SessionUpdate(Message, tag="session.update"):
+    session: SessionFields | None = None
+    sample_rate: int | None = None  # read when there is no `session`
+    codes = {"sample_rate": "invalid_config", "session.sample_rate": "invalid_config"}
+
+
+class Append(Message, tag="input_audio_buffer.append"):
+    audio: bytes  # base64 PCM16 in the JSON
+
+
+class Commit(Message, tag="input_audio_buffer.commit"):
+    final: bool = False
+
+
+SCHEMA = Schema(SessionUpdate, Append, Commit, unknown="Unknown event type:")
+
+
 class VllmRealtimeSession(Session):
     announces_queue = True
 
@@ -37,7 +62,7 @@ class VllmRealtimeSession(Session):
         self._query = query
         self._created = False
 
-    async def open(self) -> None:
+    def open(self) -> None:
         if "sample_rate" in self._query:
             self.segments.rate = parse_sample_rate(self._query["sample_rate"], from_url=True)
         self.segments.open()  # wait for a slot at once: session.created says it is ours
@@ -45,49 +70,38 @@ class VllmRealtimeSession(Session):
     async def on_message(self, message: str | bytes) -> None:
         if isinstance(message, bytes):
             raise ProtocolError("invalid_message", "binary frames are not part of the realtime API")
-        event = wire.loads(message)
-        if not isinstance(event, dict):
-            raise ProtocolError("invalid_message", "an event must be a JSON object")
-        kind = event.get("type")
-        if kind == "session.update":
-            self._update(event)
-        elif kind == "input_audio_buffer.append":
-            if "audio" not in event:
-                raise ProtocolError("missing_field", "'audio' is required")
-            await self.segments.push(decode_bytes(decode_base64(event["audio"]), "pcm16"))
-        elif kind == "input_audio_buffer.commit":
-            final = event.get("final", False)
-            if not isinstance(final, bool):
-                raise ProtocolError("invalid_field", "'final' must be a boolean")
-            await self._commit(final)
+        event = SCHEMA.decode(message)
+        if isinstance(event, SessionUpdate):
+            self._update(event.session or event)
+        elif isinstance(event, Append):
+            await self.segments.push(decode_bytes(event.audio, "pcm16"))
         else:
-            raise ProtocolError("unknown_type", f"Unknown event type: {str(kind)[:40]}")
+            self._commit(event.final)
 
-    def _update(self, event: dict[str, Any]) -> None:
-        # any model name is accepted: this server serves exactly one
-        session = event.get("session") if isinstance(event.get("session"), dict) else event
-        if session.get("sample_rate") is None:
+    def _update(self, fields: SessionFields | SessionUpdate) -> None:
+        if fields.sample_rate is None:
             return
         segment = self.segments.current or self.segments.open()
         if segment.received_samples:
             raise ProtocolError("bad_state", "sample_rate can only change before audio is sent")
-        self.segments.rate = parse_sample_rate(session["sample_rate"])
+        self.segments.rate = parse_sample_rate(fields.sample_rate)
         segment.set_input_rate(self.segments.rate)
 
-    async def _commit(self, final: bool = True) -> None:
+    def _commit(self, final: bool) -> None:
+        """Without `final`, a start marker (opens the segment); with it, the end of the utterance."""
         segments = self.segments
-        if segments.draining:  # a final commit ends the audio waiting behind the draining segment
+        if segments.state is State.DRAINING:  # then it ends the audio waiting behind the segment
             if final and segments.holding:
-                segments.defer(self._commit)
+                segments.defer(functools.partial(self._commit, True))
             return
         segment = segments.current or segments.open()
         if final:
             segment.finalize()
 
-    async def on_admitted(self, segment: Segment) -> None:
+    def on_admitted(self, segment: Segment) -> None:
         if not self._created:
             self._created = True
-            await self.send(
+            self.post(
                 {
                     "type": "session.created",
                     "id": f"sess-{uuid.uuid4().hex}",
@@ -97,13 +111,13 @@ class VllmRealtimeSession(Session):
                 }
             )
 
-    async def on_result(self, segment: Segment, result: StreamResult) -> None:
+    def on_result(self, segment: Segment, result: StreamResult) -> None:
         if result.text:
-            await self.send({"type": "transcription.delta", "delta": result.text})
+            self.post({"type": "transcription.delta", "delta": result.text})
 
-    async def on_segment_finished(self, segment: Segment) -> None:
+    def on_segment_finished(self, segment: Segment) -> None:
         usage = {"prompt_tokens": 0, "completion_tokens": segment.token_count, "total_tokens": segment.token_count}
-        await self.send({"type": "transcription.done", "text": segment.text, "usage": usage})
+        self.post({"type": "transcription.done", "text": segment.text, "usage": usage})
 
     def error_message(self, code: str, message: str) -> dict:
         return {"type": "error", "error": message, "code": VLLM_CODES.get(code, code)}
