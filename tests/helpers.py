@@ -422,3 +422,54 @@ def openai_error(answer: Answer, status: int, code: str) -> dict:
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == code, error
     assert error["message"]
     return error
+
+
+# -- a server process whose log is checked (hostile-client and fuzz tests) -----------------
+
+HANDSHAKE_S = 2.0
+
+
+class Server:
+    """`parakeet-serve` in a subprocess with its log in a file (a pipe nobody reads could block it)."""
+
+    def __init__(self, model_dir: Path, log_path: Path, *args: str) -> None:
+        cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", str(model_dir), "--log-level", "info"]
+        cmd += ["--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0", "--handshake-timeout", str(HANDSHAKE_S), *args]
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in close()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        for line in self.proc.stdout:
+            if line.startswith("parakeet-serve ready:"):
+                break
+        else:
+            raise RuntimeError(f"server did not start: {self.log()[-2000:]}")
+        self.ports = {k: int(v) for k, v in re.findall(r"(\w+)://127\.0\.0\.1:(\d+)", line)}
+
+    def url(self, kind: str, path: str = "/") -> str:
+        port = self.ports[kind]
+        return f"tcp://127.0.0.1:{port}" if kind == "tcp" else f"ws://127.0.0.1:{port}{path}"
+
+    def rss_mb(self) -> float:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    async def health(self) -> dict:
+        status, body = await http_get(self.ports["http"], "/health")
+        assert status == 200
+        return orjson.loads(body)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self._log.close()
+
+
+def assert_clean_log(log: str) -> None:
+    assert "Traceback" not in log, log[-3000:]
+    assert not re.search(r" (ERROR|CRITICAL) ", log), log[-3000:]

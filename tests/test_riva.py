@@ -4,7 +4,6 @@ client, in a worker thread) against the in-process server on loopback, with the 
 Every transcript is compared with the native protocol's on the same audio; every response is
 the client's own type, re-parsed from its bytes and read by the client's own printers.
 """
-# ruff: noqa: F811  (fixtures imported from test_server_support)
 from __future__ import annotations
 
 import io

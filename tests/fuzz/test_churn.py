@@ -13,7 +13,7 @@ import base64
 import orjson
 import trio
 from helpers import transcribe_raw
-from test_server_hostile import Server, assert_clean_log
+from helpers import Server, assert_clean_log
 
 from parakeet_stream.client import encode_audio
 from parakeet_stream.server import ServerConfig

@@ -25,7 +25,7 @@ import pytest
 import trio
 from helpers import http_get, metric
 from hypothesis import HealthCheck, given, seed, settings
-from test_server_hostile import Server, assert_clean_log
+from helpers import Server, assert_clean_log
 
 from parakeet_stream.client import encode_audio
 
