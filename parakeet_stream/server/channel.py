@@ -5,8 +5,24 @@ from __future__ import annotations
 import socket
 from typing import Protocol
 
+import trio
+
 TCP_CLOSE = 7  # Linux tcp_info state after a reset
 TCP_CLOSE_WAIT = 8  # the peer sent FIN
+RECEIVE_BYTES = 65536
+
+
+async def half_close_and_drain(stream: trio.SocketStream, seconds: float) -> None:
+    """Half-close, then read and drop what the client still sends, for at most `seconds`: closing
+    with unread input would send a reset that can destroy the last messages before the client
+    reads them."""
+    with trio.move_on_after(seconds):
+        try:
+            await stream.send_eof()
+            while await stream.receive_some(RECEIVE_BYTES):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
 
 
 class ChannelClosed(Exception):

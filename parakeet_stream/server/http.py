@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..model.registry import REPO_WEIGHTS
 from . import wire
+from .channel import half_close_and_drain
 from .context import ServerContext
 from .files.exchange import serve_upload
 from .protocols import deepgram_files, openai_files
@@ -62,11 +63,9 @@ async def _refuse(stream: trio.SocketStream, status: int) -> None:
     head += f"content-type: {JSON}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
     try:
         await stream.send_all(head.encode() + body)
-        await stream.send_eof()
-        while await stream.receive_some(MAX_REQUEST_BYTES):
-            pass
     except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
+        return
+    await half_close_and_drain(stream, 1)
 
 
 async def _read_request(conn: h11.Connection, stream: trio.SocketStream) -> h11.Request | None:

@@ -3,10 +3,17 @@ from __future__ import annotations
 
 import trio
 
-from .channel import TCP_CLOSE, ChannelClosed, SlowConsumer, peer_name, socket_state
+from .channel import (
+    RECEIVE_BYTES,
+    TCP_CLOSE,
+    ChannelClosed,
+    SlowConsumer,
+    half_close_and_drain,
+    peer_name,
+    socket_state,
+)
 from .codes import ProtocolError
 
-RECEIVE_BYTES = 65536
 
 
 class TcpChannel:
@@ -77,15 +84,7 @@ class TcpChannel:
             raise SlowConsumer()
 
     async def close(self, reason: str, code: int) -> None:
-        # Half-close, then drain: closing with unread input would send a reset that
-        # can destroy the last messages before the client reads them.
-        with trio.move_on_after(1):
-            try:
-                await self._stream.send_eof()
-                while await self._stream.receive_some(RECEIVE_BYTES):
-                    pass
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+        await half_close_and_drain(self._stream, 1)
         await self.abort()
 
     async def abort(self) -> None:

@@ -15,11 +15,11 @@ from urllib.parse import parse_qsl, urlsplit
 import h11
 import trio
 
+from ..channel import RECEIVE_BYTES, half_close_and_drain
 from ..context import ServerContext
 
 log = logging.getLogger(__name__)
 
-RECEIVE_BYTES = 65536
 WRITE_BATCH_BYTES = 256 * 1024  # bytes gathered before one worker-thread write
 DRAIN_SECONDS = 2.0  # after answering early: how long the unread body is read and dropped
 
@@ -140,13 +140,7 @@ class Exchange:
         still arrives for at most DRAIN_SECONDS."""
         if self._conn.their_state is not h11.SEND_BODY:
             return
-        with trio.move_on_after(DRAIN_SECONDS):
-            try:
-                await self._stream.send_eof()
-                while await self._stream.receive_some(RECEIVE_BYTES):
-                    pass
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+        await half_close_and_drain(self._stream, DRAIN_SECONDS)
 
     def _head(self, status: int, content_type: str, headers: Sequence[tuple[str, str]]) -> bytes:
         if content_type.startswith("text/") and "charset" not in content_type:
