@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parakeet_stream.engine.policy import Backlog, Ready, StepCost, Timeline, decide, fill
 
@@ -182,3 +184,36 @@ def test_fill_counts_the_steps_in_flight():
     kwargs = dict(upcoming=[0.15], live_streams=1, now=0.0, cost=cost, budget=BUDGET, max_batch=8, max_rounds=8)
     assert fill(backlogs, [], timeline=Timeline(), **kwargs)[0] == [("file", 7)]
     assert fill(backlogs, [], timeline=Timeline(0.06, 0.0), **kwargs)[0] == [("file", 4)]  # it starts when they are done
+
+
+def test_bulk_work_on_an_idle_model_runs_even_when_no_step_fits_the_budget():
+    """A cost learned from a slow (cold) first step of 8 files says no bulk step fits the budget; with
+    nothing in flight and no live stream, waiting never makes room: the smallest step runs (this hung)."""
+    cost = StepCost()
+    cost.record(8, 0.5)
+    backlogs = [Backlog(float(j), 100, j) for j in range(8)]
+    kwargs = dict(now=10.0, cost=cost, budget=BUDGET, max_batch=64, max_rounds=8)
+    assert fill(backlogs, [], [], 0, timeline=Timeline(10.0, 0.0), **kwargs) == ([(0, 1)], None)
+    chosen, _ = decide([], [], backlogs, 0, timeline=Timeline(10.0, 0.0), loaded=False, live_in_flight=False, **kwargs)
+    assert chosen == [(0, 1)]
+    # work in flight, or a live chunk due: room comes when it is done, so bulk work still waits
+    assert fill(backlogs, [], [], 0, timeline=Timeline(10.4, 0.0), **kwargs) == ([], None)
+    assert fill(backlogs, [], [10.05], 1, timeline=Timeline(10.0, 0.0), **kwargs) == ([], pytest.approx(0.05 + BUDGET))
+
+
+@settings(max_examples=300, deadline=None)
+@given(ready=st.lists(st.floats(-1.0, 0.0), max_size=3), upcoming=st.lists(st.floats(-0.5, 0.5), max_size=3),
+       backlogs=st.integers(0, 4), costs=st.dictionaries(st.integers(1, 16), st.floats(0.001, 2.0), max_size=3),
+       budget=st.floats(0.05, 1.0), loaded=st.booleans())
+def test_an_idle_model_with_work_never_waits_for_nothing(ready, upcoming, backlogs, costs, budget, loaded):
+    """Nothing in flight and work pending: the policy starts a step or names a time to decide again
+    (None would wait for an event that never comes)."""
+    cost = StepCost()
+    for batch, seconds in costs.items():
+        cost.record(batch, seconds)
+    now = 10.0
+    chosen, timeout = decide([Ready(now + t, ("live", i)) for i, t in enumerate(ready)], [now + t for t in upcoming],
+                             [Backlog(now - 1 + j, 10, ("file", j)) for j in range(backlogs)], len(ready) + len(upcoming),
+                             now, Timeline(now, now), cost, budget, 64, 8, loaded, False)
+    if ready or backlogs:
+        assert chosen or (timeout is not None and timeout > 0)

@@ -212,9 +212,14 @@ def fill(backlogs: list[Backlog[T]], live: list[tuple[float, int]], upcoming: li
 
     rows = _most(lambda n: fits(n, 1), len(queue))  # the largest batch first,
     if rows == 0:
-        return [], max(min(due) + budget - now, 0.0005) if due and not live else None
+        if live or due or start > now:  # room comes once that live work or the work in flight is done
+            return [], max(min(due) + budget - now, 0.0005) if due and not live else None
+        # Nothing to wait for: the bound moves with the clock, so waiting would never make room (a model
+        # slower than the budget allows, or a cost learned from a cold first step). Bulk work is never
+        # starved on an idle model: the smallest step runs.
+        rows = 1
     # then as many rounds as fit (one until a step was measured: an unmeasured step costs 0)
-    rounds = _most(lambda n: fits(rows, n), max_rounds if cost.measured else 1)
+    rounds = max(_most(lambda n: fits(rows, n), max_rounds if cost.measured else 1), 1)
     return [(b.item, min(b.chunks, rounds)) for b in queue[:rows]], None
 
 
