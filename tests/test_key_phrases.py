@@ -236,6 +236,17 @@ async def test_deepgram_live_bad_phrases_fail_the_handshake_in_deepgrams_shape(e
         await good_beside(ctx, sentence, solo_tokens, attack)
 
 
+async def test_deepgram_live_token_limit_is_an_error_message_at_the_first_audio(engine, sentence):
+    pcm = encode_audio(sentence, "pcm16")
+    async with running_server(SpyEngine(engine, too_many_tokens=(TOO_LONG,))) as ctx:
+        address = f"ws://127.0.0.1:{ctx.config.ports['ws']}/v1/listen?encoding=linear16&sample_rate=16000"
+        async with Raw.open(f"{address}&keyterm={TOO_LONG}") as conn:
+            await conn.send(pcm[:3200])
+            messages = await conn.rest()
+    assert [m["type"] for m in messages] == ["Error"] and messages[0]["variant"] == "invalid_phrases"
+    assert "tokens" in messages[0]["description"] and conn.close_code == 1008
+
+
 async def test_deepgram_files_take_the_same_phrases_and_refusals(engine, sentence):
     wav = audio_file(sentence)
     spy = SpyEngine(engine, too_many_tokens=(TOO_LONG,))
@@ -319,6 +330,24 @@ async def test_openai_realtime_bad_phrases_are_error_events_and_the_session_goes
         assert error["code"] == code and error["type"] == "invalid_request_error", (name, error)
         assert error["param"] == f"{OPENAI_PATH}.{field}" and said in error["message"], (name, error)
     assert (Phrase("Kubernetes"),) in spy.phrases()
+
+
+async def test_openai_realtime_token_limit_is_an_error_event_for_each_append(engine, sentence):
+    pcm = encode_audio(oai.at_rate(sentence, oai.RATE), "pcm16")
+
+    async def script(session) -> None:
+        await session.update(transcription(keywords=[TOO_LONG]))
+        await session.append(pcm[:9600], oai.RATE, 2)  # two appends of 0.1 s
+        await session.until("error", 2)
+        await session.update(transcription(keywords=["Kubernetes"]))  # the client sets it right
+        await session.transcribe(pcm)
+
+    spy = SpyEngine(engine, too_many_tokens=(TOO_LONG,))
+    async with running_server(spy) as ctx:
+        events = await oai.in_thread(oai.run_sdk(ctx, script))
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert [e["code"] for e in errors] == ["invalid_phrases"] * 2 and "tokens" in errors[0]["message"]
+    assert spy.phrases() == [(Phrase("Kubernetes"),)]
 
 
 async def test_openai_files_keywords_and_prompt(engine, sentence):
