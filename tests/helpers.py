@@ -25,6 +25,7 @@ from wsproto.events import CloseConnection, Request, TextMessage
 
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine, StreamResult
+from parakeet_stream.engine.phrases import MAX_PHRASE_TOKENS, PhraseError
 from parakeet_stream.server import ServerConfig, ServerContext, serve
 
 TIMEOUT = 10
@@ -331,8 +332,8 @@ class PoisonedEngine:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def create_stream(self, lookahead=None) -> int:
-        sid = self._engine.create_stream(lookahead)
+    def create_stream(self, lookahead=None, **options) -> int:
+        sid = self._engine.create_stream(lookahead, **options)
         if self.poison_next:
             self.poisoned.add(sid)
             self.poison_next = False
@@ -344,6 +345,31 @@ class PoisonedEngine:
             self._engine.cancel(sid)
             return [StreamResult(sid, [], "", is_final=True, error="inference_error")]
         return results
+
+
+class SpyEngine:
+    """The real engine, noting the key phrases each stream is created with (`created`: (sid,
+    phrases) in order); a phrase whose text is in `too_many_tokens` is refused as the engine
+    refuses one too many tokens long for its model."""
+
+    def __init__(self, engine: ASREngine, too_many_tokens: tuple[str, ...] = ()) -> None:
+        self._engine = engine
+        self.created: list[tuple[int, tuple]] = []
+        self.too_many_tokens = too_many_tokens
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def create_stream(self, lookahead=None, bulk=False, phrases=()) -> int:
+        if any(p.text in self.too_many_tokens for p in phrases):
+            raise PhraseError(f"a phrase must be at most {MAX_PHRASE_TOKENS} tokens")
+        sid = self._engine.create_stream(lookahead, bulk, phrases)
+        self.created.append((sid, phrases))
+        return sid
+
+    def phrases(self) -> list[tuple]:
+        """The phrases of each stream created, in order."""
+        return [phrases for _, phrases in self.created]
 
 
 # -- file uploads (HTTP) --------------------------------------------------------------

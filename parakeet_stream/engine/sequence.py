@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..model.config import Lookahead
 from .chunker import FrontEnd
 from .inbox import Inbox
+from .phrases import Phrase
 from .results import DecoderProgress, Outbox
 
 
@@ -41,6 +42,7 @@ class Sequence:
     decoding: DecoderProgress
     outbox: Outbox = field(default_factory=Outbox)
     bulk: bool = False  # its audio is all there at once (a file): no deadlines, spare capacity only (policy.py)
+    phrases: tuple[Phrase, ...] = ()  # key phrases to boost (phrases.py)
     # lifecycle: written by the Scheduler only, under its lock; the others read it
     status: Status = Status.WAITING
     slot: int | None = None

@@ -56,7 +56,9 @@ async def handle_websocket(ctx: ServerContext, request: WebSocketRequest) -> Non
     if outcome is None:
         target = urlsplit(request.path)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
-        hello = Handshake(target.path, dict(parse_qsl(target.query)), headers, tuple(request.proposed_subprotocols))
+        params = tuple(parse_qsl(target.query, keep_blank_values=True))
+        query = dict(parse_qsl(target.query))
+        hello = Handshake(target.path, query, headers, tuple(request.proposed_subprotocols), params)
         protocol = protocols.find("ws", hello.path, hello.query)
         outcome = protocol.handshake(ctx, hello)
     if isinstance(outcome, Refusal):

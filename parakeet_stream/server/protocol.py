@@ -23,6 +23,7 @@ class Handshake:
     query: dict[str, str]
     headers: dict[str, str]  # names in lower case
     subprotocols: tuple[str, ...]  # the ones the client proposed
+    params: tuple[tuple[str, str], ...] = ()  # the query's every parameter in order, repeated and empty ones too
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,13 @@ import trio
 
 from ..audio import StreamResampler
 from ..engine import EngineError, QueueFull
+from ..engine.phrases import PhraseError
 from .codes import ProtocolError
+from .phrases import refused
 
 if TYPE_CHECKING:
     from ..engine import ASREngine, StreamResult
+    from ..engine.phrases import Phrase
     from .wakeup import Wakeup
 
 MIN_PUSH_SECONDS = 0.01
@@ -28,12 +31,13 @@ MIN_PUSH_SECONDS = 0.01
 class Segment:
     def __init__(
         self, engine: ASREngine, changed: Wakeup, lookahead: tuple[int, int] | None, input_rate: int,
-        max_seconds: float | None, offset: float, budget: int,
+        max_seconds: float | None, offset: float, budget: int, phrases: tuple[Phrase, ...],
     ) -> None:
         info = engine.info
         self.engine = engine
-        self.sid = _create(engine, lookahead)
+        self.sid = _create(engine, lookahead, phrases)
         self.lookahead = tuple(lookahead or info.default_lookahead)
+        self.phrases = phrases
         self.offset = offset  # connection seconds where its audio starts
         self.input_seconds = 0.0  # audio received, padding and the cut after max_seconds included
         self._rate = info.sample_rate
@@ -150,11 +154,13 @@ class Segment:
         return None if self.admitted_at is None else trio.current_time() - self.admitted_at
 
 
-def _create(engine: ASREngine, lookahead: tuple[int, int] | None) -> int:
+def _create(engine: ASREngine, lookahead: tuple[int, int] | None, phrases: tuple[Phrase, ...]) -> int:
     try:
-        return engine.create_stream(lookahead=lookahead)
+        return engine.create_stream(lookahead=lookahead, phrases=phrases)
     except QueueFull:
         raise ProtocolError("queue_full", "every slot is busy and the waiting queue is full") from None
+    except PhraseError as exc:  # a phrase too many tokens long for the model
+        raise refused(exc) from None
     except EngineError as exc:
         if exc.code != "bad_lookahead":
             raise

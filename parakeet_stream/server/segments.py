@@ -29,6 +29,7 @@ from .segment import Segment
 from .wakeup import Wakeup
 
 if TYPE_CHECKING:
+    from ..engine.phrases import Phrase
     from .channel import Channel
     from .context import ServerContext
 
@@ -61,6 +62,7 @@ class Segments:
         self.rate = audio.SAMPLE_RATE  # of the client's audio
         self.offset = 0.0  # connection seconds where the current (or next) segment starts
         self.end_after: str | None = None  # end the connection for this reason once the current segment is done
+        self.phrases: tuple[Phrase, ...] = ()  # what each segment opened from now on boosts
         self._channel = channel
         self._metric = metric
         self._budget = backlog_samples(ctx.config)
@@ -112,7 +114,8 @@ class Segments:
     def open(self, lookahead: tuple[int, int] | None = None) -> Segment:
         config = self.ctx.config
         self.current = Segment(
-            self.ctx.engine, self.changed, lookahead, self.rate, config.max_stream_seconds, self.offset, self._budget
+            self.ctx.engine, self.changed, lookahead, self.rate, config.max_stream_seconds, self.offset, self._budget,
+            self.phrases,
         )
         self.ctx.metrics.streams.labels(self._metric).inc()
         return self.current

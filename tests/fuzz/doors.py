@@ -66,6 +66,9 @@ def closed_well(close_code: int | None) -> None:
 
 # -- native (TCP and WebSocket) ---------------------------------------------------------------
 NATIVE_TYPES = {"hello", "started", "queued", "result", "pong", "error", "closed"}
+# key phrases, good and bad (too many, too long, empty, control characters, bad weights)
+PHRASES = [["Anya Okafor", {"text": "Kubernetes", "weight": 2.5}], [f"w{i}" for i in range(101)], ["x" * 101], [""],
+           ["a\x00b"], [{"text": "x", "weight": 0}], [{"text": "x", "weight": 1e9}], []]
 
 
 def native_messages(speech: bytes) -> st.SearchStrategy[dict]:
@@ -75,7 +78,7 @@ def native_messages(speech: bytes) -> st.SearchStrategy[dict]:
             "type": st.sampled_from(["start", "config"]), "sample_rate": st.sampled_from([16000, 48000, 8000]),
             "encoding": st.sampled_from(["pcm16", "f32", "mulaw", "alaw"]),
             "lookahead": st.sampled_from(["70,1", [70, 1]]),
-        }),
+        }, optional={"phrases": st.sampled_from(PHRASES)}),
         st.fixed_dictionaries({"type": st.just("audio"), "data": piece, "encoding": st.just("pcm16"),
                                "final": st.booleans()}),
         st.fixed_dictionaries({"type": st.just("audio"), "samples": st.lists(st.floats(-1, 1), max_size=50),
@@ -138,7 +141,9 @@ OPENAI_TURNS = [None, {"type": "server_vad"}, {"type": "semantic_vad", "eagernes
 def openai_messages(speech: bytes) -> st.SearchStrategy[dict]:
     audio_input = st.fixed_dictionaries({}, optional={
         "format": st.sampled_from(OPENAI_FORMATS), "turn_detection": st.sampled_from(OPENAI_TURNS),
-        "transcription": st.sampled_from([None, {"model": "gpt-4o-transcribe", "language": "en", "prompt": "x"}]),
+        "transcription": st.sampled_from([None, {"model": "gpt-4o-transcribe", "language": "en", "prompt": "x"},
+                                          {"keywords": ["Anya Okafor"], "prompt": "Names: Kubernetes, kubectl"},
+                                          {"keywords": [""]}, {"keywords": ["x"] * 101}, {"prompt": "a\x07b"}]),
         "noise_reduction": st.sampled_from([None, {"type": "near_field"}]),
     })
     event_id = st.fixed_dictionaries({}, optional={"event_id": st.text(max_size=20)})
@@ -204,7 +209,7 @@ async def good_openai(ws: str, speech: np.ndarray) -> str:
 # -- Deepgram ---------------------------------------------------------------------------------
 DEEPGRAM_TYPES = {"Results", "Metadata", "UtteranceEnd", "SpeechStarted", "Error"}
 DEEPGRAM_KEYS = ["encoding", "sample_rate", "channels", "interim_results", "vad_events", "utterance_end_ms",
-                 "endpointing", "model", "diarize", "redact", "api_key"]
+                 "endpointing", "model", "diarize", "redact", "api_key", "keyterm", "keywords"]
 
 
 def deepgram_messages() -> st.SearchStrategy[dict]:

@@ -37,7 +37,9 @@ class Exchange:
         self.ctx = ctx
         self._conn = conn
         self._stream = stream
-        self.query = dict(parse_qsl(urlsplit(request.target.decode("latin-1")).query))
+        query = urlsplit(request.target.decode("latin-1")).query
+        self.query = dict(parse_qsl(query))
+        self.params = tuple(parse_qsl(query, keep_blank_values=True))  # every parameter, repeated and empty ones too
         self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
         self.responded = False
 

@@ -15,6 +15,7 @@ import trio
 
 from ...audio import AudioError
 from ...engine import QueueFull
+from ...engine.phrases import Phrase, PhraseError
 from ..context import ServerContext
 from ..guard import backlog_samples, key_ok
 from .decode import AudioReader
@@ -69,8 +70,10 @@ async def transcribe(
     reader: AudioReader,
     protocol: str,
     on_text: Callable[[str], Awaitable[None]] | None = None,
+    phrases: tuple[Phrase, ...] = (),
 ) -> FileTranscript:
-    """Transcribe the whole file; `on_text` gets each new piece of text as it is decoded."""
+    """Transcribe the whole file, boosting `phrases`; `on_text` gets each new piece of text as it
+    is decoded."""
     engine = ctx.engine
     builder = TranscriptBuilder(engine.info)
     cap = int(ctx.config.max_upload_seconds * engine.info.sample_rate)  # a header may understate the length
@@ -83,9 +86,11 @@ async def transcribe(
 
     ctx.metrics.streams.labels(protocol).inc()
     try:
-        samples = await feed_file(engine, read, on_result, backlog_samples(ctx.config))
+        samples = await feed_file(engine, read, on_result, backlog_samples(ctx.config), phrases=phrases)
     except QueueFull:
         raise UploadError(503, "queue_full", "every slot is busy and the waiting queue is full: retry later") from None
+    except PhraseError as exc:  # a phrase too many tokens long for the model
+        raise UploadError(400, exc.code, exc.message) from None
     except AudioError as exc:
         raise UploadError(400, "invalid_audio", str(exc), "file") from None
     transcript = builder.finish(samples)

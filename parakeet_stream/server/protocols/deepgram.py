@@ -8,7 +8,7 @@ at `Finalize` (`from_finalize`) or at the end of the stream.
 `UtteranceEnd` follows once `utterance_end_ms` of audio passed after the last finalized word.
 `Metadata` is the last message before the close. Each `Finalize` ends the segment; later audio
 opens a new one (see segments.py: audio sent meanwhile waits for it, times count from the start
-of the connection).
+of the connection). Every segment boosts the key phrases the URL names (`keyterm`, `keywords`).
 """
 from __future__ import annotations
 
@@ -16,12 +16,16 @@ import datetime
 import functools
 import hashlib
 import logging
+import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ... import audio
+from ...engine.phrases import MAX_WEIGHT, Phrase, PhraseError, check_phrases
 from ..codes import ProtocolError
+from ..phrases import refused
 from ..protocol import Accept, Handshake, Protocol, Refusal, check_access
 from ..schema import Message, Schema
 from ..segments import State
@@ -47,7 +51,7 @@ BOOLEANS = ("interim_results", "vad_events")
 # (LiveKit's and Pipecat's Deepgram plugins send most of them on every connection)
 IGNORED = {
     "model", "version", "language", "language_hint", "tag", "extra", "mip_opt_out", "punctuate", "smart_format",
-    "numerals", "no_delay", "filler_words", "profanity_filter", "keywords", "keyterm", "dictation", "measurements",
+    "numerals", "no_delay", "filler_words", "profanity_filter", "dictation", "measurements",
     "callback_method", "diarize_version",
 }
 # features we do not have: accepted only when they ask for nothing ("false")
@@ -55,7 +59,10 @@ FALSE_ONLY = {
     "diarize", "diarize_model", "multichannel", "detect_language", "detect_entities", "sentiment", "topics",
     "intents", "summarize", "redact", "search", "replace", "callback",
 }
-KNOWN = {"encoding", "sample_rate", "channels", "endpointing", "utterance_end_ms", *BOOLEANS, *IGNORED, *FALSE_ONLY}
+PHRASES = ("keyterm", "keywords")  # repeatable; see parse_phrases
+KNOWN = {"encoding", "sample_rate", "channels", "endpointing", "utterance_end_ms", *PHRASES, *BOOLEANS, *IGNORED,
+         *FALSE_ONLY}
+INTENSIFIER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
 log = logging.getLogger(__name__)
 
 
@@ -73,11 +80,12 @@ class Options:
     speech_final: bool = True
     utterance_end_ms: int | None = None
     model: str = "parakeet"
+    phrases: tuple[Phrase, ...] = ()
 
 
-def parse_options(query: dict[str, str]) -> Options:
-    """Query parameters -> Options; a feature we do not have, or a value we cannot honour,
-    raises ProtocolError."""
+def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> Options:
+    """Query parameters (`params`: all of them, repeated ones too) -> Options; a feature we do
+    not have, or a value we cannot honour, raises ProtocolError."""
     if enabled := sorted(name for name in FALSE_ONLY if query.get(name, "false") != "false"):
         raise ProtocolError("invalid_config", f"not supported by this server: {', '.join(enabled)}")
     if unknown := sorted(set(query) - KNOWN - {"api_key"}):
@@ -102,7 +110,35 @@ def parse_options(query: dict[str, str]) -> Options:
         _milliseconds(query, "endpointing")
     if "utterance_end_ms" in query:
         options.utterance_end_ms = _milliseconds(query, "utterance_end_ms")
+    options.phrases = parse_phrases(params)
     return options
+
+
+def parse_phrases(params: Sequence[tuple[str, str]]) -> tuple[Phrase, ...]:
+    """Every `keyterm` is one phrase (several words too), of the default weight; every `keywords`
+    is `word` or `word:intensifier`, and its intensifier is the phrase's weight (Deepgram's
+    default, 1, is ours). Suppression (an intensifier of 0 or less) is refused."""
+    items = [(value, None) for name, value in params if name == "keyterm"]
+    items += [_keyword(value) for name, value in params if name == "keywords"]
+    try:
+        return check_phrases(items)
+    except PhraseError as exc:
+        raise refused(exc, "keyterm/keywords") from None
+
+
+def _keyword(value: str) -> tuple[str, float | None]:
+    text, colon, intensifier = value.rpartition(":")
+    if not colon:
+        return value, None
+    if not INTENSIFIER.fullmatch(intensifier.strip()):
+        raise ProtocolError("invalid_phrases", "keywords: the intensifier after ':' must be a number")
+    weight = float(intensifier)
+    if not 0 < weight <= MAX_WEIGHT:
+        raise ProtocolError(
+            "invalid_phrases", f"keywords: an intensifier must be above 0 and at most {MAX_WEIGHT:g} "
+            "(suppressing a word with 0 or less is not supported)"
+        )
+    return text, weight
 
 
 def _boolean(query: dict[str, str], name: str) -> bool:
@@ -127,7 +163,7 @@ def handshake(ctx: ServerContext, request: Handshake) -> Accept | Refusal:
     if refusal is not None:
         return refusal
     try:
-        options = parse_options(request.query)
+        options = parse_options(request.query, request.params)
     except ProtocolError as exc:
         body = {"err_code": "INVALID_QUERY_PARAMETER", "err_msg": exc.message, "request_id": str(uuid.uuid4())}
         return Refusal(400, exc.code, exc.message, body)
@@ -175,6 +211,7 @@ class DeepgramSession(Session):
         super().__init__(connection, options)
         self.options = options
         self.segments.rate = options.sample_rate
+        self.segments.phrases = options.phrases
         self.request_id = str(uuid.uuid4())
         self.created = datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
         self._words = WordTracker(self.info)

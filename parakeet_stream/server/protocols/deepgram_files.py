@@ -3,7 +3,7 @@
 
 The body is the audio itself: a container (wav, flac, ogg, mp3: see files/decode.py), or headerless
 audio described by `encoding` and `sample_rate`. The query parameters are the live endpoint's
-(protocols/deepgram.py, same checks), plus `utterances`, `paragraphs` and `utt_split` (accepted,
+(protocols/deepgram.py, same checks, key phrases included), plus `utterances`, `paragraphs` and `utt_split` (accepted,
 ignored: utterances end at the model's end of utterance). A JSON body (`{"url": ...}`, the SDK's
 `transcribe_url`) and `callback` are refused: this server fetches and calls nothing. The answer
 is Deepgram's: `metadata`, and `results.channels[0].alternatives[0]` with `transcript`,
@@ -14,9 +14,11 @@ from __future__ import annotations
 import datetime
 import hashlib
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from ...engine.phrases import Phrase
 from .. import wire
 from ..codes import ProtocolError
 from ..context import ServerContext
@@ -33,7 +35,8 @@ JSON = "application/json"
 FILE_ONLY = ("utterances", "paragraphs", "utt_split")
 # our codes in Deepgram's words where Deepgram has its own
 ERR_CODES = {"unauthorized": "INVALID_AUTH", "invalid_config": "INVALID_QUERY_PARAMETER",
-             "file_too_large": "PAYLOAD_TOO_LARGE", "too_many_uploads": "TOO_MANY_REQUESTS"}
+             "file_too_large": "PAYLOAD_TOO_LARGE", "too_many_uploads": "TOO_MANY_REQUESTS",
+             "invalid_phrases": "INVALID_QUERY_PARAMETER"}
 
 
 @dataclass
@@ -42,6 +45,7 @@ class Options:
     sample_rate: int | None = None
     utterances: bool = False
     paragraphs: bool = False
+    phrases: tuple[Phrase, ...] = ()
 
 
 async def handle(ctx: ServerContext, exchange: Exchange) -> None:
@@ -49,7 +53,7 @@ async def handle(ctx: ServerContext, exchange: Exchange) -> None:
     with upload_slot(ctx, PROTOCOL):
         key, _ = deepgram.credentials(exchange.headers, [])
         check_key(ctx, key or exchange.query.get("api_key"))
-        options = parse_options(exchange.query)
+        options = parse_options(exchange.query, exchange.params)
         if exchange.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
             raise UploadError(400, "url_not_supported", "this server fetches nothing: send the audio itself as "
                               "the request body (Content-Type: audio/* or application/octet-stream)")
@@ -70,7 +74,7 @@ async def refuse(exchange: Exchange, exc: UploadError) -> None:
     await exchange.respond(exc.status, wire.dumps(body), JSON, [("retry-after", "1")] if exc.status in (429, 503) else [])
 
 
-def parse_options(query: dict[str, str]) -> Options:
+def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> Options:
     """The live endpoint's parameters (checked by its parser) and the pre-recorded ones."""
     if "callback" in query:
         raise _invalid("callbacks are not supported: the transcript is this request's response")
@@ -79,10 +83,12 @@ def parse_options(query: dict[str, str]) -> Options:
     if container:  # the live parser wants a raw encoding: give it one to check the rest
         live |= {"encoding": "linear16", "sample_rate": "16000"}
     try:
-        parsed = deepgram.parse_options(live)
+        parsed = deepgram.parse_options(live, params)
     except ProtocolError as exc:
         raise _invalid(exc.message) from None
-    options = Options(utterances=_boolean(query, "utterances"), paragraphs=_boolean(query, "paragraphs"))
+    options = Options(
+        utterances=_boolean(query, "utterances"), paragraphs=_boolean(query, "paragraphs"), phrases=parsed.phrases
+    )
     if not container:
         options.encoding, options.sample_rate = parsed.encoding, parsed.sample_rate
     if "utt_split" in query:
@@ -105,7 +111,7 @@ def _invalid(message: str) -> UploadError:
 
 
 async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Options, spool: Spool) -> None:
-    transcript = await transcribe(ctx, reader, PROTOCOL)
+    transcript = await transcribe(ctx, reader, PROTOCOL, phrases=options.phrases)
     body = response(ctx, transcript, options, spool.sha256, str(uuid.uuid4()))
     await exchange.respond(200, wire.dumps(body), JSON)
 

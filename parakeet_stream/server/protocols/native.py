@@ -12,11 +12,13 @@ import numpy as np
 import trio
 
 from ... import audio
+from ...engine.phrases import Phrase, PhraseError, check_phrases
 from ...model import config as model_config
 from ...model.config import Lookahead
 from ..channel import ChannelClosed
 from ..codes import ProtocolError
 from ..guard import key_ok
+from ..phrases import refused
 from ..protocol import Accept, Protocol, Refusal
 from ..schema import InvalidField, Message, Schema
 from ..session import Session
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from ..segment import Segment
     from ..tcp import TcpChannel
 
-PROTOCOL_VERSION = 3  # 3: results carry `words`
+PROTOCOL_VERSION = 4  # 3: results carry `words`; 4: start takes `phrases`, hello and started echo them
 PRE_AUTH_MAX_LINE = 65536  # TCP with an API key: the longest first line (it carries the key)
 
 
@@ -41,13 +43,25 @@ class StreamConfig:
     sample_rate: int | None = None
     encoding: str | None = None
     lookahead: tuple[int, int] | None = None
+    phrases: tuple[Phrase, ...] | None = None
+
+
+class PhraseSpec(msgspec.Struct, forbid_unknown_fields=True):
+    """A phrase with its weight (a bare string: the default weight)."""
+
+    text: str
+    weight: float | None = None
 
 
 class Start(Message, tag="start"):
     sample_rate: int | None = None
     encoding: str | None = None
     lookahead: str | list[int] | None = None
-    codes = {"sample_rate": "invalid_config", "encoding": "invalid_config", "lookahead": "invalid_config"}
+    phrases: list[str | PhraseSpec] | None = None
+    codes = {
+        "sample_rate": "invalid_config", "encoding": "invalid_config", "lookahead": "invalid_config",
+        "phrases": "invalid_phrases",
+    }
 
 
 class Config(Start, tag="config"):
@@ -100,7 +114,16 @@ def stream_config(message: Start) -> StreamConfig:
         config.encoding = parse_encoding(message.encoding)
     if message.lookahead is not None:
         config.lookahead = parse_lookahead(message.lookahead)
+    if message.phrases is not None:
+        config.phrases = parse_phrases(message.phrases)
     return config
+
+
+def parse_phrases(items: list[str | PhraseSpec]) -> tuple[Phrase, ...]:
+    try:
+        return check_phrases(item if isinstance(item, str) else (item.text, item.weight) for item in items)
+    except PhraseError as exc:
+        raise refused(exc, "'phrases'") from None
 
 
 def url_config(query: dict[str, str]) -> StreamConfig:
@@ -191,6 +214,7 @@ class NativeSession(Session):
         self.declared = replace(self.declared, **updates)
         self.encoding = self.declared.encoding or "pcm16"
         self.segments.rate = self.declared.sample_rate or audio.SAMPLE_RATE
+        self.segments.phrases = self.declared.phrases or ()
 
     def _open(self) -> None:
         self.segments.open(self.declared.lookahead)
@@ -219,8 +243,9 @@ class NativeSession(Session):
     def _start(self, config: StreamConfig) -> None:
         self._declare(config)
         segment = self.segments.current
-        if tuple(self.declared.lookahead or self.info.default_lookahead) != segment.lookahead:
-            self.segments.discard()  # nothing was pushed yet: reopen with the requested mode
+        lookahead = tuple(self.declared.lookahead or self.info.default_lookahead)
+        if lookahead != segment.lookahead or self.segments.phrases != segment.phrases:
+            self.segments.discard()  # nothing was pushed yet: reopen with the requested mode and phrases
             self._open()
         else:
             segment.set_input_rate(self.segments.rate)
@@ -239,6 +264,7 @@ class NativeSession(Session):
             "encoding": self.encoding,
             "lookahead": list(segment.lookahead),
             "chunk_seconds": self.info.chunk_seconds[segment.lookahead],
+            "phrases": [{"text": p.text, "weight": p.weight} for p in segment.phrases],
             "model": self.config.model_name,
             "protocol_version": PROTOCOL_VERSION,
         }

@@ -4,6 +4,7 @@ a `session.update` sets: only these typed, bounded values are echoed in `session
 The types follow the `openai` SDK's (3.x); fields it has that we do not use are skipped. Numbers
 and strings that are echoed are bounded, so that what we send back is always valid JSON of a
 sensible size (an integer beyond 64 bits, a 1 MB prompt or a 300-deep array are refused).
+The transcription's `keywords` and `prompt` become the session's key phrases (server/phrases.py).
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from ...engine.phrases import MAX_PHRASES, Phrase
 from ..codes import ProtocolError
+from ..phrases import FieldPhraseError, openai_phrases
 from ..schema import InvalidField, Message, Schema
 from ..wire import parse_sample_rate
 
@@ -21,6 +24,7 @@ DEFAULT_RATE = 24000  # OpenAI's PCM rate
 G711_FORMATS = {"audio/pcmu": "mulaw", "audio/pcma": "alaw"}
 FORMAT_PATH = "session.audio.input.format"
 TURN_PATH = "session.audio.input.turn_detection"
+TRANSCRIPTION_PATH = "session.audio.input.transcription"
 FORMAT_HINT = "'format.type' must be audio/pcm, audio/pcmu or audio/pcma"
 TURN_HINT = "'turn_detection' must be null, server_vad or semantic_vad"
 
@@ -29,6 +33,7 @@ Millis = Annotated[int, Meta(ge=0, le=3_600_000)]
 Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
 Name = Annotated[str, Meta(max_length=256)]
 Names = Annotated[list[Name], Meta(max_length=256)]
+Keywords = Annotated[list[str], Meta(max_length=MAX_PHRASES)]  # each checked by check_phrases
 
 
 class Event(Message, kw_only=True):
@@ -68,10 +73,11 @@ class SemanticVad(msgspec.Struct, tag_field="type", tag="semantic_vad"):
 
 
 class Transcription(msgspec.Struct):
-    """Accepted and echoed; we serve our model, which takes no hints."""
+    """Accepted and echoed; `keywords` and `prompt` name the key phrases, the rest only tunes
+    OpenAI's models."""
 
     delay: Literal["minimal", "low", "medium", "high", "xhigh"] | None | UnsetType = UNSET
-    keywords: Names | None | UnsetType = UNSET
+    keywords: Keywords | None | UnsetType = UNSET
     language: Name | None | UnsetType = UNSET
     languages: Names | None | UnsetType = UNSET
     model: Name | None | UnsetType = UNSET
@@ -102,6 +108,7 @@ class TranscriptionSession(msgspec.Struct, tag_field="type", tag="transcription"
 
 class SessionUpdate(Event, tag="session.update"):
     session: TranscriptionSession
+    codes = {f"{TRANSCRIPTION_PATH}.keywords": "invalid_phrases"}  # a prompt is text first: its own limits
 
 
 SCHEMA = Schema(
@@ -162,9 +169,11 @@ class Settings:
     turn_detection: ServerVad | SemanticVad | None = field(default_factory=ServerVad)
     transcription: Transcription | None = None
     noise_reduction: NoiseReduction | None = None
+    phrases: tuple[Phrase, ...] = ()  # what the transcription's keywords and prompt name
 
     def updated(self, session: TranscriptionSession, holds_audio: bool) -> Settings:
-        """These settings with a session.update's changes, once every field is valid."""
+        """These settings with a session.update's changes, once every field is valid. New key
+        phrases apply from the next item on."""
         audio_input = (session.audio and session.audio.input) or AudioInput()
         changes = {
             name: value for name in ("turn_detection", "transcription", "noise_reduction")
@@ -176,6 +185,8 @@ class Settings:
                 raise InvalidField(
                     "bad_state", "the audio format can only change while the input buffer is empty", FORMAT_PATH
                 )
+        if "transcription" in changes:
+            changes["phrases"] = transcription_phrases(changes["transcription"])
         return replace(self, **changes)
 
     def describe(self) -> dict:
@@ -186,3 +197,12 @@ class Settings:
             "turn_detection": msgspec.to_builtins(self.turn_detection),
         }
         return {"type": "transcription", "audio": {"input": audio_input}}
+
+
+def transcription_phrases(transcription: Transcription | None) -> tuple[Phrase, ...]:
+    if transcription is None:
+        return ()
+    try:
+        return openai_phrases(transcription.keywords or [], transcription.prompt or None)
+    except FieldPhraseError as exc:
+        raise InvalidField(exc.code, f"{exc.field}: {exc.message}", f"{TRANSCRIPTION_PATH}.{exc.field}") from None

@@ -4,8 +4,9 @@
 A multipart form: `file` (the audio), `response_format` (json, text, verbose_json, srt, vtt),
 `timestamp_granularities[]` (word, segment: verbose_json's `words` and `segments`), `stream`
 (true: server-sent events `transcript.text.delta` as the text is decoded, then
-`transcript.text.done`). Accepted and ignored: `model`, `language`, `prompt`, `temperature`
-and the other hints in IGNORED. Errors are OpenAI's `{"error": {message, type, param, code}}`.
+`transcript.text.done`), `keywords[]` and `prompt` (key phrases: server/phrases.py). Accepted and
+ignored: `model`, `language`, `temperature` and the other hints in IGNORED. Errors are OpenAI's
+`{"error": {message, type, param, code}}`.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from functools import partial
 import trio
 
 from ... import subtitles
+from ...engine.phrases import Phrase
 from .. import wire
 from ..context import ServerContext
 from ..files.exchange import Exchange, UploadError
@@ -24,6 +26,7 @@ from ..files.spool import Spool
 from ..files.transcript import FileTranscript
 from ..files.upload import check_key, open_audio, transcribe, upload_slot
 from ..guard import bearer_token
+from ..phrases import FieldPhraseError, openai_phrases
 
 PATH = "/v1/audio/transcriptions"
 PROTOCOL = "openai_files"
@@ -37,10 +40,10 @@ FORMATS = {
 }
 GRANULARITIES = ("word", "segment")
 IGNORED = {
-    "model", "language", "prompt", "temperature", "include[]", "keywords[]", "languages[]",
-    "known_speaker_names[]", "known_speaker_references[]",
+    "model", "language", "temperature", "include[]", "languages[]", "known_speaker_names[]",
+    "known_speaker_references[]",
 }
-KNOWN = {"file", "response_format", "timestamp_granularities[]", "stream", *IGNORED}
+KNOWN = {"file", "response_format", "timestamp_granularities[]", "stream", "keywords[]", "prompt", *IGNORED}
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Options:
     words: bool = False
     segments: bool = True
     stream: bool = False
+    phrases: tuple[Phrase, ...] = ()
 
 
 async def handle(ctx: ServerContext, exchange: Exchange) -> None:
@@ -61,7 +65,7 @@ async def handle(ctx: ServerContext, exchange: Exchange) -> None:
             await trio.to_thread.run_sync(form.close)
             options = parse_options(form.fields)
             reader = await open_audio(ctx, spool)
-            work = partial(_stream, ctx, exchange, reader) if options.stream else partial(
+            work = partial(_stream, ctx, exchange, reader, options) if options.stream else partial(
                 _answer, ctx, exchange, reader, options)
             try:
                 await exchange.while_connected(work)
@@ -90,6 +94,11 @@ def parse_options(fields: dict[str, list[str]]) -> Options:
     if options.stream and response_format not in ("json", "text"):
         raise UploadError(400, "invalid_value", "stream=true sends text events: use response_format json or text",
                           "response_format")
+    try:
+        options.phrases = openai_phrases(fields.get("keywords[]", []), _one(fields, "prompt", ""))
+    except FieldPhraseError as exc:
+        param = "keywords[]" if exc.field == "keywords" else exc.field
+        raise UploadError(400, exc.code, f"{param}: {exc.message}", param) from None
     return options
 
 
@@ -101,11 +110,11 @@ def _one(fields: dict[str, list[str]], name: str, default: str) -> str:
 
 
 async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Options) -> None:
-    transcript = await transcribe(ctx, reader, PROTOCOL)
+    transcript = await transcribe(ctx, reader, PROTOCOL, phrases=options.phrases)
     await exchange.respond(200, render(transcript, options), FORMATS[options.response_format])
 
 
-async def _stream(ctx: ServerContext, exchange: Exchange, reader) -> None:
+async def _stream(ctx: ServerContext, exchange: Exchange, reader, options: Options) -> None:
     """Server-sent events; the answer starts with the first text, so that a file refused before
     any text (queue full, undecodable audio) still gets an HTTP error status."""
 
@@ -114,7 +123,7 @@ async def _stream(ctx: ServerContext, exchange: Exchange, reader) -> None:
             await exchange.open_events()
         await exchange.send_event(wire.dumps({"type": "transcript.text.delta", "delta": text}))
 
-    transcript = await transcribe(ctx, reader, PROTOCOL, delta)
+    transcript = await transcribe(ctx, reader, PROTOCOL, delta, options.phrases)
     if not exchange.responded:
         await exchange.open_events()
     await exchange.send_event(wire.dumps({"type": "transcript.text.done", "text": transcript.text}))

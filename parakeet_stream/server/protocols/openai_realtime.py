@@ -8,7 +8,8 @@ frame it), and at the client's `input_audio_buffer.commit` in any mode. A commit
 segment (flushing the last words); audio appended while it drains waits for the next one, and
 a commit of it is committed at once, its segment made final when it opens. Times
 (`audio_start_ms`, `audio_end_ms`) count from the first audio of the connection. The client
-events and the settings they set are typed in openai_events.py.
+events and the settings they set are typed in openai_events.py; each segment boosts the key
+phrases the session's transcription settings named when it opened.
 """
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ TRANSCRIPTION = "conversation.item.input_audio_transcription"
 SERVER_ERRORS = {"inference_error", "internal_error"}
 # the `param` of the audio decoding errors (raised by wire, which knows no OpenAI)
 PARAMS = {"invalid_audio_length": "audio", "invalid_samples": "audio"}
-CODES = {"input_audio_buffer_commit_empty": KEEP_OPEN}  # OpenAI's own: a commit with no audio
+CODES = {
+    "input_audio_buffer_commit_empty": KEEP_OPEN,  # OpenAI's own: a commit with no audio
+    "invalid_phrases": KEEP_OPEN,  # an error event: the session goes on with its settings unchanged
+}
 
 
 def event_id() -> str:
@@ -115,6 +119,7 @@ class OpenAIRealtimeSession(Session):
     def _update(self, event: SessionUpdate) -> None:
         self.settings = self.settings.updated(event.session, holds_audio=self.segments.state is not State.IDLE)
         self.segments.rate = self.settings.format.rate
+        self.segments.phrases = self.settings.phrases
         self.post({"type": "session.updated", "event_id": event_id(), "session": self.settings.describe()})
 
     def _commit(self) -> None:

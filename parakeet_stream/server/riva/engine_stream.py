@@ -1,5 +1,5 @@
-"""One engine stream driven from the gRPC event loop (server/stream.py's EngineStream is bound
-to trio; this is its asyncio twin and keeps the same budgets).
+"""One engine stream driven from the gRPC event loop (server/segment.py's Segment is bound to
+trio; this is its asyncio twin and keeps the same budgets).
 
 Audio arrives resampled and waits in one contiguous buffer until the stream holds a slot, then
 reaches the engine in pieces of at least MIN_PUSH_SECONDS. What the stream holds unencoded, here
@@ -16,6 +16,7 @@ from functools import partial
 import numpy as np
 
 from ...engine import ASREngine, EngineError, QueueFull, StreamResult
+from ...engine.phrases import Phrase, PhraseError
 from ..context import ServerConfig
 from ..guard import SAMPLE_BYTES, backlog_samples
 from ..segment import MIN_PUSH_SECONDS
@@ -23,12 +24,9 @@ from .errors import SHUTTING_DOWN, RivaError
 
 
 class RivaStream:
-    def __init__(self, engine: ASREngine, config: ServerConfig) -> None:
-        try:
-            self.sid = engine.create_stream()
-        except QueueFull:
-            raise RivaError("queue_full", "every slot is busy and the waiting queue is full") from None
+    def __init__(self, engine: ASREngine, config: ServerConfig, phrases: tuple[Phrase, ...] = ()) -> None:
         self.engine = engine
+        self.sid = self._create(phrases)
         self._loop = asyncio.get_running_loop()
         self._budget = backlog_samples(config)
         limit = config.max_stream_seconds
@@ -45,6 +43,23 @@ class RivaStream:
         self.finished = False  # final result collected, or cancelled
         self.failure: RivaError | None = None
         engine.add_listener(self.sid, partial(_wake, self._loop, self._changed))
+        self._changed.set()
+
+    def _create(self, phrases: tuple[Phrase, ...]) -> int:
+        try:
+            return self.engine.create_stream(phrases=phrases)
+        except QueueFull:
+            raise RivaError("queue_full", "every slot is busy and the waiting queue is full") from None
+        except PhraseError as exc:  # a phrase too many tokens long for the model
+            raise RivaError(exc.code, f"speech_contexts: {exc.message}") from None
+
+    def reopen(self, phrases: tuple[Phrase, ...]) -> None:
+        """Before any audio: the engine stream is replaced by one that boosts `phrases` (at the
+        back of the queue if there is one)."""
+        self.engine.cancel(self.sid)
+        self.admitted = False
+        self.sid = self._create(phrases)
+        self.engine.add_listener(self.sid, partial(_wake, self._loop, self._changed))
         self._changed.set()
 
     @property

@@ -32,7 +32,7 @@ class OfflineCall:
     async def run(self, request: rasr.RecognizeRequest) -> rasr.RecognizeResponse:
         options = parse_config(request.config)
         audio = AudioInput(options)
-        self.stream = RivaStream(self.ctx.engine, self.ctx.config)
+        self.stream = RivaStream(self.ctx.engine, self.ctx.config, options.phrases)
         self.ctx.metrics.streams.labels("riva").inc()
         transcript = Transcript(self.ctx.engine.info, interim=False, words=options.word_time_offsets)
         feeder = asyncio.ensure_future(self._feed(audio, request.audio))

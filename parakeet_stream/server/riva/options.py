@@ -1,14 +1,16 @@
 """A Riva `RecognitionConfig` -> what this server does with it (docs/protocol.md section 2e).
 
 Served: `encoding` LINEAR_PCM / MULAW / ALAW (or unset: a WAV header, else LINEAR_PCM), any
-`sample_rate_hertz` (resampled), `interim_results`, `enable_word_time_offsets`.
+`sample_rate_hertz` (resampled), `interim_results`, `enable_word_time_offsets`, and
+`speech_contexts` (word boosting: every phrase of every context is a key phrase, its `boost`
+divided by BOOST_PER_WEIGHT is the phrase's weight, 0 or unset the default weight).
 Accepted and ignored, because they only tune what NVIDIA's models do (our model decides its own
-punctuation, endpoints and vocabulary): `model`, `max_alternatives` (one is returned),
-`profanity_filter`, `enable_automatic_punctuation`, `verbatim_transcripts`, `speech_contexts`,
-`endpointing_config`, `custom_configuration`, `enable_separate_recognition_per_channel` (one
-channel), `runtime_config`. Refused (INVALID_ARGUMENT), because the answer would silently differ
-from what was asked: another language, more than one channel, speaker diarization, FLAC or
-OGG/Opus audio.
+punctuation and endpoints): `model`, `max_alternatives` (one is returned), `profanity_filter`,
+`enable_automatic_punctuation`, `verbatim_transcripts`, `endpointing_config`,
+`custom_configuration`, `enable_separate_recognition_per_channel` (one channel), `runtime_config`.
+Refused (INVALID_ARGUMENT), because the answer would silently differ from what was asked: another
+language, more than one channel, speaker diarization, FLAC or OGG/Opus audio, a negative boost
+(suppressing words), key phrases beyond their limits.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from riva.client.proto.riva_asr_pb2 import RecognitionConfig
 from riva.client.proto.riva_audio_pb2 import AudioEncoding
 
 from ... import audio
+from ...engine.phrases import MAX_WEIGHT, Phrase, PhraseError, check_phrases
 from .errors import RivaError
 
 ENCODINGS = {
@@ -27,6 +30,8 @@ ENCODINGS = {
     AudioEncoding.ALAW: "alaw",
 }
 LANGUAGE = "en-US"  # what the served models speak (English; any en-* tag is accepted)
+BOOST_PER_WEIGHT = 20.0  # the boost Riva's word-boosting docs suggest is our default weight, 1
+MAX_BOOST = BOOST_PER_WEIGHT * MAX_WEIGHT
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class Options:
     sample_rate: int | None  # None: from a WAV header
     interim_results: bool = False
     word_time_offsets: bool = False
+    phrases: tuple[Phrase, ...] = ()
 
 
 def parse_config(config: RecognitionConfig, interim_results: bool = False) -> Options:
@@ -55,7 +61,24 @@ def parse_config(config: RecognitionConfig, interim_results: bool = False) -> Op
         sample_rate=_rate(config.sample_rate_hertz),
         interim_results=interim_results,
         word_time_offsets=config.enable_word_time_offsets,
+        phrases=_phrases(config.speech_contexts),
     )
+
+
+def _phrases(contexts) -> tuple[Phrase, ...]:
+    items = []
+    for context in contexts:
+        if not 0 <= context.boost <= MAX_BOOST:
+            raise RivaError(
+                "invalid_phrases", f"speech_contexts: boost must be from 0 to {MAX_BOOST:g} "
+                "(a negative boost, which suppresses words, is not supported)"
+            )
+        weight = context.boost / BOOST_PER_WEIGHT if context.boost else None
+        items += [(phrase, weight) for phrase in context.phrases]
+    try:
+        return check_phrases(items)
+    except PhraseError as exc:
+        raise RivaError(exc.code, f"speech_contexts: {exc.message}") from None
 
 
 def _rate(hertz: int) -> int | None:

@@ -101,6 +101,8 @@ class StreamingCall:
             raise RivaError("invalid_message", "the first message must carry streaming_config (then audio_content)")
         streaming = first.streaming_config
         options = parse_config(streaming.config, streaming.interim_results)
+        if options.phrases:  # no audio yet: the stream that waited for the config gives way to one that boosts them
+            self.stream.reopen(options.phrases)
         self._request_id = first.id if first.HasField("id") else None
         self._audio = AudioInput(options)
         self._transcript = Transcript(self.ctx.engine.info, options.interim_results, options.word_time_offsets)
