@@ -26,7 +26,9 @@ Bulk work also waits while a step with live chunks is in flight: the stages of t
 flight share the machine (on a CPU, its cores). Measured on the live clock, delays do not add up
 over a run of busy steps: bulk work holds any live chunk at most BULK_DELAY (beyond prediction
 errors) and never past its deadline. It fills the gaps between live steps and rides along in
-live steps only where that costs them little. Bulk streams take the model's longest lookahead:
+live steps only where that costs them little. Bulk work is never starved on an idle model: when
+no bulk step fits and nothing in flight or due will make room (a model slower than the budget, or
+a cost learned from a cold first step), the smallest bulk step runs. Bulk streams take the model's longest lookahead:
 the largest chunk, the cheapest per second of audio.
 
 Pure functions of their inputs (and the Timeline, a plain value), so the policy is tested on a
