@@ -1,9 +1,10 @@
 """The Scheduler: every stream's lifecycle, admission, and what the model runs next.
 
 As nano-vllm's: `schedule()` picks the next step (which streams, how many of their chunks)
-by the policy in policy.py: live streams' chunks by their deadlines (the latency target's budget,
-latency.py), then bulk streams' backlogs in the room the live ones leave; the runner executes it; `postprocess()` takes it back,
-releases finished streams' slots and admits waiting ones. A stream's lifecycle (status, slot,
+by the policy in policy.py: live streams' chunks by their deadlines (the latency target's
+budget, latency.py), then bulk streams' backlogs in the room the live ones leave; the runner
+executes it; `postprocess()` takes it back, releases finished streams' slots and admits waiting
+ones. A stream's lifecycle (status, slot,
 steps in flight, chunks scheduled, its final's time) changes here only, under one lock.
 """
 
