@@ -10,6 +10,7 @@ import torch
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.model.parakeet import ParakeetModel
 from parakeet_stream.model.precision import set_precision
+from parakeet_stream.model import precision_check
 from parakeet_stream.model.precision_check import MAX_ERROR, MIN_AGREEMENT, Trial, choose
 
 F32 = 0.100  # float32's encoder step, seconds
@@ -69,3 +70,16 @@ def test_the_engine_reports_its_precision_and_float32_stays_the_api_default(tiny
 def test_auto_with_int8_is_a_quantized_float32_encoder(tiny_model_dir):
     model = set_precision(ParakeetModel.from_dir(tiny_model_dir), "auto", "int8")
     assert model.encoder_dtype == torch.float32 and model.precision.reason == "asked for, int8-quantized"
+
+
+def test_a_candidate_that_fails_to_run_is_not_chosen(tiny_model_dir, monkeypatch):
+    measure = precision_check._step_seconds
+
+    def no_kernel(encoder, dtype, device, give_up=None):
+        if dtype != torch.float32:
+            raise RuntimeError("no kernel for this dtype")
+        return measure(encoder, dtype, device, give_up)
+
+    monkeypatch.setattr(precision_check, "_step_seconds", no_kernel)
+    model = set_precision(ParakeetModel.from_dir(tiny_model_dir), "auto")
+    assert model.encoder_dtype == torch.float32 and model.precision.reason.startswith("bfloat16 changes decisions")
