@@ -3,7 +3,7 @@ stream-by-stream baseline.
 
 Every stream pushes audio paced at real time in 20-160 ms packets; chunk latency runs from
 the arrival of the last sample a chunk needs to its result. Capacity is the most streams
-with p95 chunk latency within the budget and no growing backlog. The baseline is the same
+with p95 chunk latency within the latency target and no growing backlog. The baseline is the same
 engine in float32 with max_batch=1 (the same model, one stream per forward pass). All run
 in one process, one after the other at each concurrency level; capacities are printed as
 ratios to the baseline's.
@@ -24,6 +24,7 @@ import numpy as np
 
 from parakeet_stream.audio import read_audio
 from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine.latency import DEFAULT_TARGET
 from parakeet_stream.host import single_threaded_host
 from parakeet_stream.model.loading import load_model
 from parakeet_stream.model.parakeet import ParakeetModel
@@ -101,9 +102,9 @@ def run_level(engine: ASREngine, n: int, seconds: float, lookahead) -> dict:
     }
 
 
-def keeps_up(level: dict, budget_ms: float, chunk_ms: float) -> bool:
+def keeps_up(level: dict, target_ms: float, chunk_ms: float) -> bool:
     growing = level["p95_last_third_ms"] > level["p95_first_third_ms"] + 2 * chunk_ms
-    return level["p95_ms"] <= budget_ms and not growing
+    return level["p95_ms"] <= target_ms and not growing
 
 
 def main() -> None:
@@ -112,7 +113,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--seconds", type=float, default=20.0, help="audio per stream")
-    ap.add_argument("--budget-ms", type=float, default=None, help="p95 chunk-latency budget (default: two chunks)")
+    ap.add_argument("--target-ms", type=float, default=DEFAULT_TARGET * 1000,
+                    help="p95 chunk-latency target, the engines' --latency-target too")
     ap.add_argument("--modes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16", "int8"],
                     help="precision modes of the batched engine (int8: float32 with --quantize int8)")
     ap.add_argument("--lookahead", default=None, help="L,R")
@@ -134,21 +136,20 @@ def main() -> None:
             # one engine at a time: two engines' encode threads would each own an OpenMP team,
             # which slows both (see single_threaded_host)
             with ASREngine(m, args.device, max_num_streams=slots, lookahead=lookahead, dtype=m.encoder_dtype,
-                           **options[name]) as engine:
+                           latency_target=args.target_ms / 1000, **options[name]) as engine:
                 chunk_ms = engine.chunk_seconds() * 1000
                 level = run_level(engine, n, args.seconds, lookahead)
             results[name].append(level)
             print(f"{name:8s} N={n:3d} p50={level['p50_ms']:7.1f} ms p95={level['p95_ms']:7.1f} ms "
                   f"final p95={level['time_to_final_p95_ms'] or 0:7.1f} ms", flush=True)
-    budget = args.budget_ms or 2 * chunk_ms
-    capacity = {name: max([lv["streams"] for lv in lv_list if keeps_up(lv, budget, chunk_ms)], default=0)
+    capacity = {name: max([lv["streams"] for lv in lv_list if keeps_up(lv, args.target_ms, chunk_ms)], default=0)
                 for name, lv_list in results.items()}
-    summary = {"model": args.model, "device": args.device, "budget_ms": budget, "chunk_ms": chunk_ms,
+    summary = {"model": args.model, "device": args.device, "target_ms": args.target_ms, "chunk_ms": chunk_ms,
                "capacity": capacity, "levels": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
     plot(summary, args.out.with_suffix(".png"))
-    print(json.dumps({"capacity": capacity, "budget_ms": budget}))
+    print(json.dumps({"capacity": capacity, "target_ms": args.target_ms}))
     for name, n in capacity.items():
         print(f"capacity {name}: {n} streams ({n / max(capacity['baseline'], 1):.1f}x the baseline)")
 
@@ -164,7 +165,7 @@ def plot(summary: dict, path: Path) -> None:
         n = [lv["streams"] for lv in levels]
         ax.plot(n, [lv["p95_ms"] for lv in levels], marker="o", label=f"{name} p95")
         ax.plot(n, [lv["p50_ms"] for lv in levels], marker=".", linestyle="--", label=f"{name} p50")
-    ax.axhline(summary["budget_ms"], color="grey", linestyle=":", label="budget")
+    ax.axhline(summary["target_ms"], color="grey", linestyle=":", label="target")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("concurrent real-time streams")

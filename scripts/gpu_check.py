@@ -12,7 +12,7 @@ Parts, in order; each is timed and recorded, and one that fails does not stop th
 4. precision: agreement of float32 / bfloat16 / float16 on the GPU with float32 on CPU (the NeMo
    fixture set of scripts/precision_report.py), and every encoder layer finite per precision;
 5. graphs: per model, mixed-mode streams through CUDA graphs and eagerly, float32: token agreement;
-then per model and latency target (100 ms, 320 ms), the latency budget set to it:
+then per model and latency target (100 ms, 320 ms), the engine's `latency_target` set to it:
 6. sizing: `--max-num-streams auto` in the serving precision (bfloat16): slots, largest step, bytes
    per stream and per slot, start-up time with every graph captured, memory left;
 7. ceiling (once per model): pre-encode + encode + decode time of one step by batch size in the
@@ -159,10 +159,10 @@ def graphs_vs_eager(folder: Path, device: str, streams: int) -> dict:
             "eager_calls": eager_calls}
 
 
-def sized_engine(folder: Path, settings: dict, dtype: str, budget_s: float) -> tuple[ASREngine, dict]:
+def sized_engine(folder: Path, settings: dict, dtype: str, target_s: float) -> tuple[ASREngine, dict]:
     device = settings["device"]
     start = time.perf_counter()
-    engine = ASREngine(folder, device, max_num_streams=settings["slots"], dtype=dtype, latency_budget=budget_s,
+    engine = ASREngine(folder, device, max_num_streams=settings["slots"], dtype=dtype, latency_target=target_s,
                        cuda_graphs=True)
     sizing = {"dtype": dtype, "slots": engine.scheduler.max_num_streams, "max_batch": engine.scheduler.max_batch,
               "start_seconds": round(time.perf_counter() - start, 1), "slot_mib": round(slot_bytes(engine.model) / 2**20, 2),
@@ -282,7 +282,7 @@ def checks(report: Report, settings: dict, work: Path) -> dict[str, Path]:
 
 
 def serve(report: Report, settings: dict, name: str, folder: Path, target: int, deadline: float) -> None:
-    """One model sized automatically with the latency budget at `target`: its sizing, its step-time
+    """One model sized automatically with the latency target at `target`: its sizing, its step-time
     ceiling (once per model) and its capacity at that target."""
     device = settings["device"]
     serving = "bfloat16" if device == "cuda" and torch.cuda.is_bf16_supported() else "float32"

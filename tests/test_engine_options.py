@@ -18,7 +18,7 @@ def test_flags_become_engine_keyword_arguments():
     ap = argparse.ArgumentParser()
     options.add_engine_arguments(ap)
     kwargs = options.engine_options(ap.parse_args(["--att-context-size", "70,6", "--threads", "3"]))
-    assert kwargs["lookahead"] == (70, 6) and kwargs["threads"] == 3 and kwargs["dtype"] == "float32"
+    assert kwargs["lookahead"] == (70, 6) and kwargs["threads"] == 3 and kwargs["dtype"] == "auto"
     assert set(kwargs) <= set(inspect.signature(ASREngine).parameters)
     with pytest.raises(SystemExit):
         ap.parse_args(["--lookahead", "70"])

@@ -78,8 +78,9 @@ def test_outbox_merges_beyond_its_limit_and_take_empties_it():
     box = Outbox()
     for i in range(MAX_PENDING_RESULTS + 3):
         box.publish(StreamResult(1, [i], f"{i} ", is_final=False))
-    taken = box.take()
-    assert len(taken) == MAX_PENDING_RESULTS and box.take() == []
+    taken, waited = box.take()
+    assert len(taken) == MAX_PENDING_RESULTS and box.take() == ([], None)
+    assert waited is not None and 0 <= waited < 5  # since the first publish
     assert [t for r in taken for t in r.token_ids] == list(range(MAX_PENDING_RESULTS + 3))
     assert taken[-1].text == "".join(f"{i} " for i in range(MAX_PENDING_RESULTS - 1, MAX_PENDING_RESULTS + 3))
 

@@ -29,7 +29,7 @@ def seq(bulk: bool = False) -> Sequence:
 
 
 def scheduler(slots: int = 2, queue: int = 3) -> Scheduler:
-    return Scheduler(slots, queue, budget=0.32, sample_rate=RATE, max_in_flight=2)
+    return Scheduler(slots, queue, target=0.32, sample_rate=RATE, max_in_flight=2)
 
 
 def give_chunks(s: Sequence, n: int) -> None:
@@ -93,7 +93,7 @@ def test_final_with_nothing_ready_is_a_step_of_its_own():
 
 
 def test_a_long_backlog_goes_in_several_steps():
-    sch = Scheduler(1, 1, budget=0.32, sample_rate=RATE, max_chunks_per_step=4)
+    sch = Scheduler(1, 1, target=0.32, sample_rate=RATE, max_chunks_per_step=4)
     s = seq()
     sch.add(s)
     give_chunks(s, 10)
@@ -113,7 +113,7 @@ def measured(sch: Scheduler, *batches: tuple[int, float]) -> None:
 
 
 def test_a_bulk_stream_takes_many_chunks_a_step_once_steps_are_measured():
-    sch = Scheduler(1, 1, budget=0.32, sample_rate=RATE, max_chunks_per_step=8)
+    sch = Scheduler(1, 1, target=0.32, sample_rate=RATE, max_chunks_per_step=8)
     b = seq(bulk=True)
     sch.add(b)
     give_chunks(b, 20)
@@ -131,7 +131,7 @@ def test_a_bulk_stream_takes_many_chunks_a_step_once_steps_are_measured():
 def live_and_bulk() -> tuple[Scheduler, Sequence, Sequence]:
     """A live stream with one chunk ready and a file with 20, on a Scheduler that measured 50 ms for
     one stream's step, 60 ms for two."""
-    sch = Scheduler(2, 1, budget=0.32, sample_rate=RATE, max_in_flight=2)
+    sch = Scheduler(2, 1, target=0.32, sample_rate=RATE, max_in_flight=2)
     live, b = seq(), seq(bulk=True)
     sch.add(live)
     sch.add(b)
@@ -168,7 +168,7 @@ def test_bulk_work_waits_while_a_live_step_is_in_flight():
 
 
 def test_a_bulk_stream_with_its_final_ends_in_one_step():
-    sch = Scheduler(1, 1, budget=0.32, sample_rate=RATE)
+    sch = Scheduler(1, 1, target=0.32, sample_rate=RATE)
     b = seq(bulk=True)
     sch.add(b)
     measured(sch, (1, 0.01))

@@ -19,11 +19,12 @@ from ..host import free_memory, stage_threads
 from ..model.config import Lookahead
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
-from ..model.precision import check_precision, parse_dtype, set_precision
+from ..model.precision import check_precision, set_precision
 from .chunker import FrontEnd
 from .errors import EngineError, QueueFull
 from .inbox import Inbox
 from .info import EngineInfo
+from .latency import DEFAULT_TARGET
 from .model_runner import ModelRunner
 from .memory import plan_memory, slot_bytes, stream_bytes
 from .options import auto_num_streams
@@ -52,14 +53,15 @@ class ASREngine:
         dtype: str | torch.dtype = torch.float32,
         quantize: str | None = None,
         max_batch: int | None = None,
-        latency_budget: float | None = None,
+        latency_target: float = DEFAULT_TARGET,
         threads: int | None = None,
         cuda_graphs: bool | None = None,
     ):
         """max_batch: most streams per step (default: every slot on CPU; sized to memory on CUDA,
-        memory.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA)."""
+        memory.py); latency_target: seconds, p95 from a chunk's last sample to its result taken
+        (latency.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA)."""
         self.device = torch.device(device)
-        check_precision(self.device, parse_dtype(dtype), quantize)  # before any weights move
+        check_precision(self.device, dtype, quantize)  # before any weights move
         if not isinstance(model, ParakeetModel):
             model = load_model(model, self.device)
         self.model = set_precision(model, dtype, quantize)
@@ -71,9 +73,7 @@ class ASREngine:
             max_num_streams, max_batch = plan.slots, plan.max_batch
         elif max_num_streams == "auto":
             max_num_streams = auto_num_streams(model, self.device, model.encoder_dtype)
-        if latency_budget is None:  # two chunks: a chunk may wait for others to share its step
-            latency_budget = 2 * min(self.chunk_seconds(m) for m in self.lookahead_modes)
-        self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_budget, self.sample_rate, max_batch,
+        self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_target, self.sample_rate, max_batch,
                                    max_in_flight=DEPTH)
         self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch, cuda_graphs)
         self.runner.capture()  # before the stage threads run: a capture must not overlap their work
@@ -94,6 +94,7 @@ class ASREngine:
             default_lookahead=self.default_lookahead,
             bulk_lookahead=bulk_lookahead(self.lookahead_modes),
             chunk_seconds={mode: self.chunk_seconds(mode) for mode in self.lookahead_modes},
+            precision=model.precision,
         )
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -193,7 +194,9 @@ class ASREngine:
             seq = self._seqs.get(sid)
         if seq is None:
             return []
-        results = seq.outbox.take()
+        results, waited = seq.outbox.take()
+        if waited is not None and not seq.bulk:  # the delivery part of the latency target (latency.py)
+            self.scheduler.delivered(waited)
         if any(r.is_final for r in results):
             with self._lock:
                 self._seqs.pop(sid, None)
@@ -216,6 +219,10 @@ class ASREngine:
     def healthy(self) -> bool:
         """The stage threads are running (False once one has died or the engine stopped)."""
         return self._started and self.pipeline.alive()
+
+    def latency_figures(self) -> dict[str, float]:
+        """The latency target and what the Scheduler learned of the path around its steps (latency.py)."""
+        return self.scheduler.latency_figures()
 
     def stats(self) -> dict:
         out = self.scheduler.stats()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.config import Lookahead
+from ..model.precision_check import PrecisionChoice
 from ..model.tokenizer import Tokenizer
 
 
@@ -17,6 +18,7 @@ class EngineInfo:
     default_lookahead: Lookahead
     bulk_lookahead: Lookahead  # what a bulk stream (a file) takes unless told: the longest (policy.py)
     chunk_seconds: dict[Lookahead, float]  # audio per encoder step in each mode
+    precision: PrecisionChoice  # the encoder's precision, and why (--dtype auto: the measured check)
 
     def modes_text(self) -> str:
         """The lookahead modes as a user writes them: '70,1, 70,6'."""

@@ -15,26 +15,28 @@ from ..model.config import Lookahead, parse_lookahead
 from ..model.conformer import EncoderCache
 from ..model.parakeet import ParakeetModel
 from ..model.precision import DTYPES, QUANTIZE
+from .latency import DEFAULT_TARGET
 
 
 def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     """The engine's speed options."""
-    ap.add_argument("--dtype", default="float32", choices=list(DTYPES),
-                    help="encoder precision (default float32: token-exact with NeMo; bfloat16 pays on CPUs with avx512_bf16/AMX "
-                         "and is the one for GPUs from A100/H100 on)")
+    ap.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                    help="encoder precision (default auto: the fastest reduced precision that keeps float32's tokens "
+                         "in a check on this device at start-up, else float32; float32 is token-exact with NeMo)")
     ap.add_argument("--quantize", default=None, choices=QUANTIZE, help="dynamic int8 encoder matmuls (CPU only)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads per model stage on CPU (default: usable cores)")
     ap.add_argument("--lookahead", "--att-context-size", type=_lookahead, default=None,
                     help="default lookahead mode L,R (attention context frames), e.g. 70,1 (default: the model's first; "
                          "for files, the longest)")
-    ap.add_argument("--latency-budget", type=float, default=None,
-                    help="seconds a chunk may take from its last sample to its result; steps are batched within it "
-                         "(default: two chunks)")
+    ap.add_argument("--latency-target", type=_seconds, default=DEFAULT_TARGET,
+                    help=f"seconds, p95, from a chunk's last sample to its result reaching the client; steps are "
+                         f"batched within what the rest of the path leaves (default {DEFAULT_TARGET:g}: a voice agent's "
+                         "share for the transcript)")
 
 
 def engine_options(args: argparse.Namespace) -> dict:
     """The parsed flags as ASREngine keyword arguments."""
-    return {"dtype": args.dtype, "quantize": args.quantize, "threads": args.threads, "latency_budget": args.latency_budget,
+    return {"dtype": args.dtype, "quantize": args.quantize, "threads": args.threads, "latency_target": args.latency_target,
             "lookahead": args.lookahead}
 
 
@@ -42,6 +44,13 @@ def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dt
     """Slots whose encoder caches fit in half the free memory of the device, at most `cap`."""
     per_slot = max(EncoderCache.slot_bytes(model.cfg.encoder, dtype), 1)
     return max(1, min(cap, int(free_memory(device) * 0.5) // per_slot))
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds, got {text!r}")
+    return value
 
 
 def _lookahead(text: str) -> Lookahead:

@@ -1,7 +1,9 @@
 """The batching policy: when to run the next step and which streams' chunks go in it.
 
 Two kinds of stream. A live stream's chunk has a deadline: the arrival of the last sample it
-needs plus the latency budget. A bulk stream (a file: its audio is all there at once) has no
+needs plus the budget, the share of the latency target (`--latency-target`, a p95 promise up to
+the client) that the delivery of its result and the error of these predictions leave to the
+step that carries it (latency.py). A bulk stream (a file: its audio is all there at once) has no
 deadline; it has the lowest priority and takes whatever capacity the live streams leave.
 
 Live chunks (`plan`): earliest deadline first. A step's cost grows slowly with its batch (a step

@@ -4,6 +4,7 @@ holds them until the client takes them."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -110,6 +111,7 @@ class Outbox:
 
     def __init__(self) -> None:
         self._results: deque[StreamResult] = deque()
+        self._since: float | None = None  # when the oldest result waiting was published
         self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
@@ -119,13 +121,18 @@ class Outbox:
                 self._results[-1].merge(result)
             else:
                 self._results.append(result)
+            if self._since is None:
+                self._since = time.monotonic()
         self.notify()
 
-    def take(self) -> list[StreamResult]:
+    def take(self) -> tuple[list[StreamResult], float | None]:
+        """The results waiting, and how long the oldest of them waited (None: there was none)."""
         with self._lock:
             out = list(self._results)
             self._results.clear()
-            return out
+            waited = None if self._since is None else time.monotonic() - self._since
+            self._since = None
+            return out, waited
 
     def listen(self, callback: Callable[[], None], unless_waiting: bool = False) -> bool:
         """Call `callback` on every result and queue change; with `unless_waiting`, only if no

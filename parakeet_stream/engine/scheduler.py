@@ -1,9 +1,10 @@
 """The Scheduler: every stream's lifecycle, admission, and what the model runs next.
 
 As nano-vllm's: `schedule()` picks the next step (which streams, how many of their chunks)
-by the policy in policy.py: live streams' chunks by their deadlines, then bulk streams' backlogs
-in the room the live ones leave; the runner executes it; `postprocess()` takes it back,
-releases finished streams' slots and admits waiting ones. A stream's lifecycle (status, slot,
+by the policy in policy.py: live streams' chunks by their deadlines (the latency target's
+budget, latency.py), then bulk streams' backlogs in the room the live ones leave; the runner
+executes it; `postprocess()` takes it back, releases finished streams' slots and admits waiting
+ones. A stream's lifecycle (status, slot,
 steps in flight, chunks scheduled, its final's time) changes here only, under one lock.
 """
 
@@ -14,6 +15,7 @@ import time
 from collections import deque
 
 from .errors import QueueFull
+from .latency import LatencyTarget
 from .policy import LOADED, SATURATED, Backlog, Ready, StepCost, Timeline, decide
 from .sequence import DEAD, Sequence, Status
 from .step import Step, StepItem
@@ -22,11 +24,12 @@ BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
 
 
 class Scheduler:
-    def __init__(self, max_num_streams: int, max_queue: int, budget: float, sample_rate: int,
+    def __init__(self, max_num_streams: int, max_queue: int, target: float, sample_rate: int,
                  max_batch: int | None = None, max_in_flight: int = 1, max_chunks_per_step: int = 8):
+        """target: the latency target, seconds (latency.py)."""
         self.max_num_streams = max_num_streams
         self.max_queue = max_queue
-        self.budget = budget
+        self.latency = LatencyTarget(target)
         self.sample_rate = sample_rate
         self.max_batch = max_batch or max_num_streams
         self.max_in_flight = max_in_flight
@@ -111,6 +114,8 @@ class Scheduler:
             seconds = now - step.started
             if not failed:
                 self.cost.record_step([max(item.chunks, 1) for item in step], seconds)
+                if step.predicted_end is not None:
+                    self.latency.step_done(now - step.predicted_end)
             if self._steps_in_flight == 0:
                 self._timeline.idle(now)
             self._busy.append((now, sum(step.seconds.values())))
@@ -125,6 +130,15 @@ class Scheduler:
                     changed += self._release(seq)
             self._cv.notify_all()
             return newly_failed, changed
+
+    def delivered(self, seconds: float) -> None:
+        """A live stream's results were taken `seconds` after they were published."""
+        with self._cv:
+            self.latency.delivered(seconds)
+
+    def latency_figures(self) -> dict[str, float]:
+        with self._cv:
+            return self.latency.figures()
 
     def stop(self) -> None:
         with self._cv:
@@ -146,14 +160,17 @@ class Scheduler:
         """The next step by the policy, or (None, seconds to wait before deciding again)."""
         ready, upcoming, backlogs, live_streams = self._candidates(now)
         loaded = self._steps_in_flight == 0 and LOADED <= self._busy_fraction(now) < SATURATED
-        chosen, timeout = decide(ready, upcoming, backlogs, live_streams, now, self._timeline, self.cost, self.budget,
-                                 self.max_batch, self.max_chunks_per_step, loaded, self._live_steps_in_flight > 0)
+        chosen, timeout = decide(ready, upcoming, backlogs, live_streams, now, self._timeline, self.cost,
+                                 self.latency.budget, self.max_batch, self.max_chunks_per_step, loaded,
+                                 self._live_steps_in_flight > 0)
         if not chosen:
             return None, timeout
         step = self._make_step(chosen, now)
         ready_at = {r.item: r.ready_at for r in ready}
         live = [(ready_at[item.seq], item.chunks) for item in step if not item.seq.bulk]
         self._timeline.add(live, [item.chunks for item in step], now, self.cost)
+        if live and self.cost.measured:  # (unmeasured, a step is predicted to cost nothing)
+            step.predicted_end = self._timeline.free_at
         return step, None
 
     def _candidates(self, now: float) -> tuple[list[Ready[Sequence]], list[float], list[Backlog[Sequence]], int]:

@@ -29,6 +29,7 @@ class ParakeetModel(nn.Module):
         self.decoder = GreedyDecoder(cfg.encoder.d_model, cfg.decoder)
         self.tokenizer: Tokenizer | None = None
         self.encoder_dtype = torch.float32  # see precision.set_precision
+        self.precision = None  # precision.set_precision's PrecisionChoice: the encoder's precision and why
 
     @property
     def frame_seconds(self) -> float:

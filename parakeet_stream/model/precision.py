@@ -1,21 +1,28 @@
-"""Reduced precision for the encoder, opt-in and refused where the device cannot run it.
+"""The encoder's precision: chosen by a measured check (`auto`, the servers' default) or asked
+for, and refused where the device cannot run it.
 
 Only the encoder changes precision (it holds nearly all the weights and the time); features,
 the prediction network and the joint stay float32, so greedy decisions see float32 logits.
-float32 is the default and the one that is token-exact with NeMo. On a GPU, float32 really is
-float32: TF32 (on by default for cuDNN convolutions and LSTMs) is turned off. On H100-class GPUs
-(and every GPU with bfloat16: compute capability 8.0 on) bfloat16 is the mode to serve many
-streams with: float16's range is narrower, for no speed over bfloat16 there.
+float32 is the one that is token-exact with NeMo (the parity tests run it, and ASREngine's
+default is it); `auto` runs the fastest reduced precision that keeps float32's tokens on this
+device (precision_check.py), else float32. On a GPU, float32 really is float32: TF32 (on by
+default for cuDNN convolutions and LSTMs) is turned off.
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import torch
 from torch import nn
 
+from .precision_check import PrecisionChoice, check
+
+log = logging.getLogger(__name__)
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTO = "auto"
 QUANTIZE = ("int8",)
 
 
@@ -33,8 +40,12 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def check_precision(device: torch.device, dtype: torch.dtype, quantize: str | None) -> None:
-    """Raise PrecisionError with a one-line reason where `device` cannot run the mode."""
+def check_precision(device: torch.device, dtype: str | torch.dtype, quantize: str | None) -> None:
+    """Raise PrecisionError with a one-line reason where `device` cannot run the mode (`auto`: only
+    the quantization is checked; with one, auto is float32)."""
+    dtype = torch.float32 if dtype == AUTO and quantize else dtype
+    if dtype != AUTO:
+        dtype = parse_dtype(dtype)
     if quantize is not None and quantize not in QUANTIZE:
         raise PrecisionError(f"unknown quantization {quantize!r} (choose {', '.join(QUANTIZE)})")
     if quantize == "int8":
@@ -49,10 +60,12 @@ def check_precision(device: torch.device, dtype: torch.dtype, quantize: str | No
 
 
 def set_precision(model, dtype: str | torch.dtype = torch.float32, quantize: str | None = None):
-    """Cast (or quantize) `model.encoder` in place; sets `model.encoder_dtype` (the dtype of its activations)."""
-    dtype = parse_dtype(dtype)
+    """Cast (or quantize) `model.encoder` in place; sets `model.encoder_dtype` (the dtype of its
+    activations) and `model.precision` (a PrecisionChoice: what was chosen, and why)."""
     device = model.features.fb.device
     check_precision(device, dtype, quantize)
+    choice = _choose(model, dtype, quantize)
+    dtype = parse_dtype(choice.dtype)
     if device.type == "cuda":  # process-wide: the float32 parts (all of them in float32 mode) stay float32
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -62,4 +75,23 @@ def set_precision(model, dtype: str | torch.dtype = torch.float32, quantize: str
             warnings.simplefilter("ignore")
             model.encoder = torch.ao.quantization.quantize_dynamic(model.encoder, {nn.Linear}, dtype=torch.qint8)
     model.encoder_dtype = dtype
+    model.precision = choice
     return model
+
+
+def _choose(model, dtype: str | torch.dtype, quantize: str | None) -> PrecisionChoice:
+    """What `dtype` asks for: `auto` runs the check on a float32 encoder; a dtype the encoder
+    already has keeps the choice that gave it (parakeet-transcribe sets the model up before its engine)."""
+    if dtype == AUTO and quantize is None and model.encoder_dtype == torch.float32:
+        choice = check(model)
+        log.info("encoder precision: %s (--dtype auto: %s; the check took %.2f s)", choice.dtype, choice.reason,
+                 choice.check_seconds)
+        return choice
+    if dtype == AUTO:  # with a quantization float32; an encoder already cast keeps its precision
+        dtype = torch.float32 if quantize else model.encoder_dtype
+    dtype = parse_dtype(dtype)
+    kept = model.precision
+    if kept is not None and dtype == model.encoder_dtype and parse_dtype(kept.dtype) == dtype:
+        return kept
+    name = str(dtype).removeprefix("torch.")
+    return PrecisionChoice(name, "asked for" if quantize is None else f"asked for, {quantize}-quantized")

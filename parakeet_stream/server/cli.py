@@ -9,11 +9,12 @@ import sys
 import trio
 
 from ..engine import ASREngine, EngineError
+from ..engine.info import EngineInfo
 from ..engine.options import add_engine_arguments, engine_options
 from ..host import single_threaded_host
 from ..model.device import check_device
 from ..model.errors import DeviceError, ModelNotFound
-from ..model.precision import PrecisionError
+from ..model.precision import AUTO, PrecisionError
 from ..model.registry import HUB_ALIASES
 from .app import serve
 from .codes import ProtocolError
@@ -118,13 +119,15 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def print_config(args: argparse.Namespace, lookahead: tuple[int, int]) -> None:
+def print_config(args: argparse.Namespace, info: EngineInfo) -> None:
     print("parakeet-serve configuration:")
     for name, value in sorted(vars(args).items()):
         if name == "api_key":
             value = "set" if value else "none"
         elif name == "lookahead":  # the mode in use, the model's default unless given
-            value = f"{lookahead[0]},{lookahead[1]}"
+            value = f"{info.default_lookahead[0]},{info.default_lookahead[1]}"
+        elif name == "dtype" and value == AUTO:  # what the check chose (its reason is in the log)
+            value = f"{value} ({info.precision.dtype})"
         print(f"  {name} = {value}")
     sys.stdout.flush()
 
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     except (PrecisionError, DeviceError, ModelNotFound, EngineError) as exc:
         print(f"parakeet-serve: error: {exc}{offline_hint(args.model, exc)}", file=sys.stderr)
         return 2
-    print_config(args, engine.info.default_lookahead)
+    print_config(args, engine.info)
     config = server_config(args)
     problem = memory_problem(config, engine.stats()["max_num_streams"] + args.max_queue)
     if problem:

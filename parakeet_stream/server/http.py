@@ -178,6 +178,8 @@ def health(ctx: ServerContext) -> dict:
         "sample_rate": ctx.engine.info.sample_rate,
         "ports": ctx.config.ports,
         "connections": ctx.open_sessions,
+        "precision": ctx.engine.info.precision.summary(),
+        "latency": ctx.engine.latency_figures(),
         **ctx.engine.stats(),
     }
 

@@ -1,0 +1,68 @@
+"""The latency target: the operator's p95 promise and the share of it the Scheduler may plan with.
+
+`--latency-target` is a p95 promise on a live chunk's whole path, from the arrival of the last
+sample it needs to its result reaching the client: queue, pre-encode, encode (behind the step in
+flight), decode, publish, and the server taking the result to its client. The Scheduler predicts
+the part up to publishing (StepCost's measured steps, started when the Timeline says the model is
+free: policy.py); two things that prediction does not hold are learned here, online:
+- delivery: the time from a result's publishing to the server taking it (`ASREngine.collect`);
+- the prediction's error: how much later than predicted a step with live chunks was done.
+The budget the policy plans with (a chunk's deadline is its last sample's arrival plus the
+budget) is the target less the 95th percentile of each; a step planned to end by its deadline
+then delivers in time at p95 even where steps vary, instead of landing on the target on average.
+The budget never goes below half the target: beyond that load nothing is held for batching
+anyway, and bulk work keeps some room.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+# What voice agents need: a person answers within 200-300 ms of the other's turn ending, and an
+# agent's reply (transcript, language model's first words, speech's first audio) should start
+# within ~1 s; the transcript's share of that is about a third.
+DEFAULT_TARGET = 0.3
+QUANTILE = 95
+WINDOW = 256  # recent measurements the percentiles are taken over
+
+
+class LatencyTarget:
+    def __init__(self, target: float = DEFAULT_TARGET, window: int = WINDOW):
+        if target <= 0:
+            raise ValueError(f"the latency target must be above 0 seconds, got {target}")
+        self.target = target
+        self._delivery: deque[float] = deque(maxlen=window)
+        self._errors: deque[float] = deque(maxlen=window)
+        self.budget = target
+
+    def delivered(self, seconds: float) -> None:
+        """A live stream's results were taken `seconds` after they were published."""
+        self._delivery.append(seconds)
+        self._update()
+
+    def step_done(self, late: float) -> None:
+        """A step with live chunks was done `late` seconds after its predicted end (negative: early)."""
+        self._errors.append(late)
+        self._update()
+
+    @property
+    def delivery(self) -> float:
+        return _high(self._delivery)
+
+    @property
+    def margin(self) -> float:
+        return _high(self._errors)
+
+    def figures(self) -> dict[str, float]:
+        """Seconds: the target, its parts learned so far, and the budget left for the step."""
+        return {"target": self.target, "delivery_p95": self.delivery, "margin_p95": self.margin, "budget": self.budget}
+
+    def _update(self) -> None:
+        self.budget = max(self.target - self.delivery - self.margin, self.target / 2)
+
+
+def _high(values: deque[float]) -> float:
+    """Their 95th percentile, at least 0 (0 until something was measured)."""
+    return max(float(np.percentile(values, QUANTILE)), 0.0) if values else 0.0
