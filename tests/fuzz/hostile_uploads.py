@@ -14,8 +14,8 @@ from urllib.parse import quote
 
 from hypothesis import strategies as st
 
-from .hostile import ENDINGS, Attack
-from .hostile_riva import audio
+from .hostile import ENDINGS, Attack, audio_pieces
+from .hostile_riva import audio, wav
 
 OPENAI_PATH = "/v1/audio/transcriptions"
 DEEPGRAM_PATH = "/v1/listen"
@@ -34,6 +34,13 @@ CONTENT_TYPES = [  # {b}: the boundary the body uses
     "multipart/form-data", "multipart/form-data; boundary=", "multipart/form-data; boundary=wrong", "audio/wav", "",
     "multipart/form-data; boundary*=utf-8''{b}", "multipart/form-data; boundary=" + "x" * 1000,
     "MULTIPART/FORM-DATA; boundary={b}",
+]
+GOOD_FIELDS = {"response_format": ["json", "text", "verbose_json", "srt", "vtt"],
+               "timestamp_granularities[]": ["word", "segment"], "stream": ["false", "true"], "model": ["whisper-1"]}
+DISPOSITIONS = [  # of the file part
+    'Content-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav',
+    'Content-Disposition: form-data; name="file"; filename="../../é.wav"', 'Content-Disposition: form-data; name="file"',
+    'Content-Disposition: form-data; name="audio"; filename="a.wav"', "Content-Type: audio/wav", "garbage",
 ]
 DEEPGRAM_TYPES = ["audio/wav", "application/octet-stream", "application/json", "APPLICATION/JSON; charset=utf-8",
                   "audio/l16", "", "text/plain"]
@@ -66,39 +73,40 @@ def part(boundary: str, disposition: str, content: bytes) -> bytes:
 
 @st.composite
 def form(draw, speech: bytes) -> tuple[bytes, str]:
-    """A multipart body and its Content-Type."""
-    boundary = draw(st.sampled_from([BOUNDARY, BOUNDARY, "-" * 10 + "x", "a" * 200]))
-    field = st.sampled_from(list(FIELDS)).flatmap(
-        lambda name: st.tuples(st.just(name), st.one_of(st.sampled_from(FIELDS[name]), st.text(max_size=20),
-                                                        st.just("x" * 70_000))))
-    parts = [part(boundary, f'Content-Disposition: form-data; name="{name}"', value.encode())
-             for name, value in draw(st.lists(field, max_size=4))]
-    dispositions = st.sampled_from([
-        'Content-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav',
-        'Content-Disposition: form-data; name="file"; filename="../../é.wav"',
-        'Content-Disposition: form-data; name="file"',
-        'Content-Disposition: form-data; name="audio"; filename="a.wav"', "Content-Type: audio/wav", "garbage",
-    ])
-    for _ in range(draw(st.sampled_from([1, 1, 1, 1, 0, 2]))):
-        parts.insert(draw(st.integers(0, len(parts))), part(boundary, draw(dispositions), draw(files(speech))))
+    """A multipart body and its Content-Type: half of them a good form (a WAV file, fields with
+    valid values), so that transcriptions and every response format are in the mix too."""
+    good = draw(st.booleans())
+    pick = (lambda options: options[0]) if good else (lambda options: draw(st.sampled_from(options)))
+    boundary = pick([BOUNDARY, BOUNDARY, "-" * 10 + "x", "a" * 200])
+    fields = GOOD_FIELDS if good else FIELDS
+    value = (lambda name: st.sampled_from(fields[name])) if good else (lambda name: st.one_of(
+        st.sampled_from(FIELDS[name]), st.text(max_size=20), st.just("x" * 70_000)))
+    field = st.sampled_from(list(fields)).flatmap(lambda name: st.tuples(st.just(name), value(name)))
+    parts = [part(boundary, f'Content-Disposition: form-data; name="{name}"', text.encode())
+             for name, text in draw(st.lists(field, max_size=4, unique_by=lambda pair: pair[0] if good else pair))]
+    content = audio_pieces(speech, 2).map(wav) if good else files(speech)
+    for _ in range(pick([1, 1, 1, 1, 0, 2])):
+        parts.insert(draw(st.integers(0, len(parts))), part(boundary, pick(DISPOSITIONS), draw(content)))
     closing = f"--{boundary}--\r\n"
-    end = draw(st.sampled_from([closing, closing, "", closing + "junk", "--other--\r\n"]))
-    content_type = draw(st.sampled_from(CONTENT_TYPES)).replace("{b}", boundary)
-    return b"".join(parts) + end.encode(), content_type
+    end = pick([closing, closing, "", closing + "junk", "--other--\r\n"])
+    return b"".join(parts) + end.encode(), pick(CONTENT_TYPES).replace("{b}", boundary)
 
 
 @st.composite
 def raw_body(draw, speech: bytes) -> tuple[bytes, str]:
     """Deepgram's body (the audio itself, or JSON naming a URL) and its Content-Type."""
     json = st.sampled_from([b'{"url": "https://example.com/a.wav"}', b'{"url": 1}', b"{", b"[" * 2000])
-    return draw(st.one_of(files(speech), files(speech), json)), draw(st.sampled_from(DEEPGRAM_TYPES))
+    good = audio_pieces(speech, 2).map(lambda piece: (wav(piece), "audio/wav"))
+    hostile = st.tuples(st.one_of(files(speech), files(speech), json), st.sampled_from(DEEPGRAM_TYPES))
+    return draw(st.one_of(good, hostile))
 
 
 def deepgram_query() -> st.SearchStrategy[str]:
     pair = st.sampled_from(list(DEEPGRAM_QUERY)).flatmap(
         lambda key: st.sampled_from(DEEPGRAM_QUERY[key]).map(lambda value: f"{key}={quote(value)}"))
     built = st.lists(pair, max_size=4).map(lambda pairs: "?" + "&".join(pairs) if pairs else "")
-    return st.one_of(built, built, st.just("?encoding=linear16&sample_rate=16000"), st.sampled_from(QUERIES))
+    return st.one_of(built, built, st.just(""), st.just(""), st.just("?encoding=linear16&sample_rate=16000"),
+                     st.sampled_from(QUERIES))
 
 
 def chunked(body: bytes, cuts: list[int]) -> bytes:
