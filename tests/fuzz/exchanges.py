@@ -129,43 +129,17 @@ async def upload(ports: dict, attack: Attack) -> Outcome:
 
 async def upload_once(port: int, attack: Attack) -> Upload:
     stream = await open_stream(port)
-    received = bytearray()
-    answered = trio.Event()
-
-    async def send() -> None:
-        try:
-            for frame in attack.frames:
-                sent = 0
-                while isinstance(frame, Endless) and not answered.is_set() and sent < ENDLESS_BYTES:
-                    await stream.send_all(frame)
-                    sent += len(frame)
-                if not isinstance(frame, Endless):
-                    await stream.send_all(frame)
-                await trio.sleep(attack.pace)
-            if attack.ending == "close":
-                await stream.send_eof()
-        except GONE:
-            pass
-
-    async def receive() -> None:
-        try:
-            while data := await stream.receive_some(65536):
-                received.extend(data)
-                if final(bytes(received)) and not final(bytes(received)).startswith(b"HTTP/1.1 1"):
-                    answered.set()
-        except GONE:
-            pass
-
+    received, answered = bytearray(), trio.Event()
     try:
         if attack.ending in LEAVING:
             with trio.fail_after(ANSWER_TIMEOUT):  # the server reads the body, or closes
-                await send()
+                await send_request(stream, attack, answered)
             await trio.sleep(0.05 if attack.ending == "silent" else 0)
             return Upload(b"".join(attack.frames), attack.ending, None)
         with trio.move_on_after(ANSWER_TIMEOUT):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(send)
-                await receive()
+                nursery.start_soon(send_request, stream, attack, answered)
+                await receive_answer(stream, received, answered)
                 nursery.cancel_scope.cancel()
         return Upload(b"".join(attack.frames), attack.ending, parse_answer(bytes(received)))
     finally:
@@ -173,6 +147,35 @@ async def upload_once(port: int, attack: Attack) -> Upload:
             reset(stream)
         else:
             await stream.aclose()
+
+
+async def send_request(stream: trio.SocketStream, attack: Attack, answered: trio.Event) -> None:
+    """The frames at the attack's pace (an Endless one again and again until `answered`), then
+    the half-close of a client that closes."""
+    try:
+        for frame in attack.frames:
+            sent = 0
+            while isinstance(frame, Endless) and not answered.is_set() and sent < ENDLESS_BYTES:
+                await stream.send_all(frame)
+                sent += len(frame)
+            if not isinstance(frame, Endless):
+                await stream.send_all(frame)
+            await trio.sleep(attack.pace)
+        if attack.ending == "close":
+            await stream.send_eof()
+    except GONE:
+        pass
+
+
+async def receive_answer(stream: trio.SocketStream, received: bytearray, answered: trio.Event) -> None:
+    """Everything until the server closes; `answered` once the final answer (not a 100 Continue) begins."""
+    try:
+        while data := await stream.receive_some(65536):
+            received.extend(data)
+            if final(bytes(received)) and not final(bytes(received)).startswith(b"HTTP/1.1 1"):
+                answered.set()
+    except GONE:
+        pass
 
 
 def final(data: bytes) -> bytes:
