@@ -73,10 +73,12 @@ async def _read_request(conn: h11.Connection, stream: trio.SocketStream) -> h11.
     while True:
         event = conn.next_event()
         if event is h11.NEED_DATA:
-            data = await stream.receive_some(MAX_REQUEST_BYTES)
-            received += len(data)
-            if received > MAX_REQUEST_BYTES:  # h11 alone lets a request that arrives whole pass
+            # never more than the head may take, so that no body byte is counted as part of it
+            # (h11 alone lets a request that arrives whole pass)
+            if received >= MAX_REQUEST_BYTES:
                 raise h11.RemoteProtocolError("request header fields too large", error_status_hint=431)
+            data = await stream.receive_some(MAX_REQUEST_BYTES - received)
+            received += len(data)
             conn.receive_data(data)
         elif isinstance(event, h11.Request):
             return event

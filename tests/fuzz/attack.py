@@ -1,13 +1,14 @@
 """Running one Attack against one door of a server: connect (through the WebSocket handshake,
 with the attack's query), send its frames at its pace, end as it says, and return what the
-server sent back and how it closed."""
+server sent back and how it closed. A request/response door makes its attacks itself (its
+`exchange`, exchanges.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import trio
 
-from .clients import GONE, LineClient, WsClient, http_exchange, open_stream, reset
+from .clients import GONE, LineClient, WsClient, open_stream, reset
 from .hostile import Attack
 
 ANSWER_TIMEOUT = 10  # seconds for a probe's answer or the server's close
@@ -18,23 +19,24 @@ class Outcome:
     messages: list = field(default_factory=list)  # what the server sent (JSON parsed; bytes as bytes)
     close_code: int | None = None  # WebSocket: the server's close code (1006: no close frame)
     refused: tuple[int, bytes] | None = None  # a refused WebSocket handshake: (HTTP status, body)
-    status: int | None = None  # HTTP: the answer's status
+    status: str | None = None  # a request/response door: its answers in words (e.g. "http 413")
     answered: bool = False  # the probe's answer came
 
     def end(self, attack: Attack) -> str:
         """How the connection ended, in a word (for the suite's summary)."""
-        if self.status is not None or self.refused is not None:
-            return f"http {(self.refused or (self.status,))[0]}"
+        if self.status is not None:
+            return self.status
+        if self.refused is not None:
+            return f"http {self.refused[0]}"
         if self.answered:
             return "probe answered"
         return f"{attack.ending}, close {self.close_code}"
 
 
 async def run_attack(ports: dict[str, int], door, attack: Attack) -> Outcome:
+    if door.exchange is not None:
+        return await door.exchange(ports, attack)
     outcome = Outcome()
-    if door.port == "http":
-        outcome.status = await http_exchange(ports["http"], attack.frames[0], ANSWER_TIMEOUT)
-        return outcome
     stream = await open_stream(ports[door.port])
     client = LineClient(stream) if door.port == "tcp" else WsClient(stream)
     try:

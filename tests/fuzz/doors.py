@@ -1,14 +1,15 @@
 """The doors of the server, one entry each: where it is (listener, path), its hostile messages,
 a probe whose answer shows a connection still serves, what every message it sends must be, and
-a good stream (what it transcribes must not change while the door is attacked).
+a good stream (what it transcribes must not change while the door is attacked). A
+request/response door (gRPC, HTTP uploads, the HTTP port) makes its attacks itself
+(exchanges.py); the gRPC and upload doors' checks and good calls are in request_doors.py.
 
-A door added later (gRPC, HTTP uploads) is one more entry in DOORS.
+A door added later is one more entry in DOORS.
 """
 from __future__ import annotations
 
 import base64
 import functools
-import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,7 +25,23 @@ from parakeet_stream.server.codes import POLICIES
 from parakeet_stream.server.protocols import openai_realtime
 from parakeet_stream.server.protocols.vllm import VLLM_CODES
 
+from . import exchanges
+from .answers import safe
+from .attack import Outcome
 from .hostile import Attack, attacks, audio_pieces, frames, queries
+from .hostile_riva import riva_attacks
+from .hostile_uploads import DEEPGRAM_PATH as DEEPGRAM_UPLOAD
+from .hostile_uploads import OPENAI_PATH as OPENAI_UPLOAD
+from .hostile_uploads import deepgram_uploads, openai_uploads
+from .request_doors import (
+    check_riva,
+    check_uploads,
+    deepgram_upload_answer,
+    good_deepgram_upload,
+    good_openai_upload,
+    good_riva,
+    openai_upload_answer,
+)
 
 CLOSE_CODES = {None, 1000, 1001, 1002, 1006, 1007, 1008, 1009, 1013}  # never 1011: a server bug
 CHUNK = 1600  # good streams send 100 ms pieces (16 kHz)
@@ -40,6 +57,8 @@ class Door:
     check: Callable[[list, int | None], None] = lambda messages, close_code: None
     probe: str = ""
     answered: Callable[[Any], bool] = lambda message: False
+    # a request/response door: how it makes one attack (exchanges.py); its answers are the messages
+    exchange: Callable[[dict, Attack], Awaitable[Outcome]] | None = None
 
 
 def b64(data: bytes) -> str:
@@ -48,11 +67,6 @@ def b64(data: bytes) -> str:
 
 def append(samples: np.ndarray) -> dict:
     return {"type": "input_audio_buffer.append", "audio": b64(encode_audio(samples, "pcm16"))}
-
-
-def safe(text: str) -> None:
-    """Client-facing text never leaks internals."""
-    assert "Traceback" not in text and ".py" not in text and not re.search(r"(/[\w.-]+){2,}", text), text
 
 
 def documented(code: str, own: dict | None = None) -> None:
@@ -262,6 +276,10 @@ def http_attacks(speech: bytes) -> st.SearchStrategy[Attack]:
     return http_requests().map(lambda request: Attack(frames=[request]))
 
 
+def check_http(statuses: list, close_code: int | None) -> None:
+    assert statuses[0] in HTTP_STATUSES, statuses
+
+
 async def good_http(ports: dict, speech: np.ndarray) -> tuple:
     status, body = await http_get(ports["http"], "/health")
     health = orjson.loads(body)
@@ -309,5 +327,10 @@ DOORS = [
         lambda ports, speech: good_deepgram(_ws(ports, DEEPGRAM_PATH), speech),
         check_deepgram, '{"type":"FuzzProbe"}', lambda m: m.get("type") == "Error" and "FuzzProbe" in m["description"],
     ),
-    Door("http", "http", "", http_attacks, good_http),
+    Door("http", "http", "", http_attacks, good_http, check_http, exchange=exchanges.http_request),
+    Door("riva", "grpc", "", riva_attacks, good_riva, check_riva, exchange=exchanges.riva),
+    Door("openai_upload", "http", OPENAI_UPLOAD, openai_uploads, good_openai_upload,
+         check_uploads(openai_upload_answer), exchange=exchanges.upload),
+    Door("deepgram_upload", "http", DEEPGRAM_UPLOAD, deepgram_uploads, good_deepgram_upload,
+         check_uploads(deepgram_upload_answer), exchange=exchanges.upload),
 ]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from .clients import RawFrame
 
 MAX_MESSAGE = 65536  # the fuzzed server's --max-message-bytes
+MAX_UPLOAD = 2 << 20  # and its --max-upload-mb (2), in bytes
 ENDINGS = ("probe", "probe", "probe", "reset", "close", "silent")
 # frames RFC 6455 forbids: unmasked, reserved bits, a reserved opcode, a 256-byte ping
 BAD_FRAMES = (b"\x82\x02\x01\x00", b"\xf2\x80abcd", b"\x8f\x80abcd", b"\x89\xfe\x01\x00abcd" + b"\x00" * 256)
@@ -39,6 +40,7 @@ class Attack:
     query: str = ""
     pace: float = 0.0  # seconds between frames
     ending: str = "probe"  # probe: read to its answer; reset; close; silent: stop reading, then leave
+    copies: int = 1  # request/response doors: the same request made this many times at once
 
 
 def to_json(value: object) -> str:

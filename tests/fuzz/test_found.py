@@ -8,9 +8,11 @@ import logging
 import numpy as np
 import pytest
 import trio
-from helpers import Raw, pcm16_b64, running_server, url
+from helpers import Raw, audio_file, head, multipart, pcm16_b64, running_server, url, wait_until
 
 from parakeet_stream.client import encode_audio
+
+from .clients import reset
 
 DEEP = "[" * 1000 + "]" * 1000
 OPENAI = "/v1/realtime?intent=transcription"
@@ -178,3 +180,48 @@ async def raw_http(port: int, request: bytes) -> bytes:
             while chunk := await stream.receive_some(65536):
                 data += chunk
     return data
+
+
+UPLOAD = "/v1/audio/transcriptions"
+FORM = "multipart/form-data; boundary=b0undary"
+
+
+async def test_an_upload_whose_client_half_closes_or_resets(engine, sentence):
+    """The whole body, then the client's end of stream (taken for a client that left), or a
+    reset in the middle of the body: the upload ends without an answer and frees its stream.
+    Both reached the upload's catch-all: a traceback, and a 500 for the half-closed client."""
+    body = multipart({}, audio_file(sentence))
+    request = head(UPLOAD, {"Content-Type": FORM, "Content-Length": str(len(body))}) + body
+    async with running_server(engine) as ctx:
+        port = ctx.config.ports["http"]
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(request)
+            await stream.send_eof()
+            assert await read_all(stream) == b""
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(request[: len(request) // 2])
+        await wait_until(lambda: ctx.open_uploads == 1)
+        reset(stream)
+        await wait_until(lambda: ctx.open_uploads == 0 and engine.stats()["active"] == 0)
+
+
+async def read_all(stream: trio.SocketStream) -> bytes:
+    data = b""
+    with trio.fail_after(10):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data
+
+
+async def test_an_upload_whose_head_comes_in_two_pieces(engine, sentence):
+    """The first bytes of the head alone, then the rest of it with the body: the body's first
+    16 KiB were counted as head bytes, and a 3 KB head was refused 431 (too large)."""
+    body = multipart({}, audio_file(sentence[:16000]))
+    request = head(UPLOAD + "?x=" + "1" * 3000, {"Content-Type": FORM, "Content-Length": str(len(body))}) + body
+    async with running_server(engine) as ctx:
+        async with await trio.open_tcp_stream("127.0.0.1", ctx.config.ports["http"]) as stream:
+            await stream.send_all(request[:15])
+            await trio.sleep(0.1)
+            await stream.send_all(request[15:])
+            answer = await read_all(stream)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"text"' in answer, answer[:300]

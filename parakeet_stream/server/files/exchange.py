@@ -174,6 +174,8 @@ async def serve_upload(
     except UploadError as exc:
         ctx.metrics.error(exc.code)
         await api.refuse(exchange, exc)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        raise  # the client left or stopped reading: there is nobody to answer
     except Exception:
         log.exception("upload handler failed")
         ctx.metrics.error("internal_error")
