@@ -37,13 +37,14 @@ async def feed_file(
     on_result: Callable[[StreamResult], Awaitable[None]],
     budget_samples: int,
     lookahead: tuple[int, int] | None = None,
+    phrases: tuple = (),
 ) -> int:
     """Transcribe the audio `read` yields as one bulk engine stream (in `lookahead`, else the
-    engine's bulk mode); `on_result` gets every result in order, the final one last. Returns the
-    samples pushed. `read`'s exceptions propagate, and QueueFull when the engine has no place.
+    engine's bulk mode, boosting `phrases`); `on_result` gets every result in order, the final one
+    last. Returns the samples pushed. `read`'s exceptions propagate, and QueueFull when the engine has no place.
     The stream is cancelled if this is interrupted."""
     wakeup = Wakeup()
-    sid = engine.create_stream(lookahead, bulk=True)
+    sid = engine.create_stream(lookahead, bulk=True, phrases=phrases)
     block = max(1, min(int(BLOCK_SECONDS * engine.info.sample_rate), budget_samples // 2))
     pushed = consumed = 0
     ended = finished = False

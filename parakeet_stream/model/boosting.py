@@ -1,0 +1,219 @@
+"""Key-phrase boosting for greedy RNN-T decoding (shallow fusion): each stream's phrases as a
+boosting tree, the pool that holds the tree of every slot on the device, and the per-step choice
+the greedy pass (greedy.py) makes with it, in gathers over the whole batch.
+
+The tree is a trie over the phrases' tokens with Aho-Corasick failure arcs (as icefall's
+ContextGraph and NeMo's GPU phrase boosting). A stream's state is a node: the longest suffix of
+what it emitted that is a prefix of one of its phrases. Each token of a phrase is worth the base
+bonus times the phrase's weight (a prefix shared by several phrases: the largest); a node has
+*earned* the bonus of its best partial match (the sum along it, or along a shorter suffix match).
+A label that continues a match earns its bonus; one that breaks it gives back what the match had
+earned (the state falls back along failure arcs, to a shorter match or the root). One greedy step
+ranks labels by log-probability + (earned after the label - earned before): the second term is
+the same for all labels, so a label's bonus is what the node it leads to has earned, 0 for any
+label that leads back to the root. Blank gets no bonus, and boosting never turns the model's
+blank into a label (NeMo's greedy fusion): it only chooses which label, where the model emits one.
+
+Layout, for fixed shapes: a node's arcs are its Aho-Corasick transitions that lead deeper than
+one token (its children and its fallbacks' children), in CSR form; the transitions into the root's
+children (one token matched) are the same from every node, so they are stored once, as the root
+row. A transition to a node deeper than one token ranks at least as high as the root arc of the
+same label (that root child is a suffix of it, and `earned` takes the best along suffixes), so
+the best score over both rows is the right one, and where both match, the deeper arc wins.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class BoostLimits:
+    """The pool's capacity per slot: `root_width` labels that start a phrase, `nodes` tree nodes,
+    `arcs` deeper arcs in all and `arc_width` from one node (trees past them are refused)."""
+
+    root_width: int
+    nodes: int
+    arcs: int
+    arc_width: int
+
+
+class BoostingTree:
+    """One stream's phrases, built on the host once: root row and CSR arcs as numpy arrays."""
+
+    def __init__(self, phrases: list[tuple[list[int], float]], limits: BoostLimits):
+        """phrases: (tokens, bonus per token) each. ValueError where the tree exceeds `limits`."""
+        children, bonus, fail = _trie(phrases)
+        earned, order = _earned(children, bonus, fail)
+        if len(children) > limits.nodes:
+            raise ValueError(f"the phrases make {len(children)} tree nodes: at most {limits.nodes}")
+        if len(children[0]) > limits.root_width:
+            raise ValueError(f"the phrases start with {len(children[0])} different tokens: at most {limits.root_width}")
+        root = sorted(children[0].items())
+        self.root_token = np.array([k for k, _ in root], dtype=np.int32)
+        self.root_next = np.array([n for _, n in root], dtype=np.int32)
+        self.root_value = np.array([earned[n] for _, n in root], dtype=np.float32)
+        self.arc_start, self.arc_token, self.arc_next = _deep_arcs(children, fail, order)
+        self.arc_value = earned[self.arc_next]
+        self.width = int(np.diff(self.arc_start).max(initial=0))
+        if len(self.arc_token) > limits.arcs or self.width > limits.arc_width:
+            raise ValueError("the phrases overlap too much to be boosted together")
+
+    @property
+    def nodes(self) -> int:
+        return len(self.arc_start) - 1
+
+
+def _trie(phrases: list[tuple[list[int], float]]) -> tuple[list[dict[int, int]], list[float], list[int]]:
+    """children per node (token -> node; node 0 the root), the bonus of the arc into each node, and
+    each node's failure arc (its longest proper suffix in the trie), in breadth-first order."""
+    children: list[dict[int, int]] = [{}]
+    bonus = [0.0]
+    for tokens, value in phrases:
+        node = 0
+        for token in tokens:
+            if token not in children[node]:
+                children[node][token] = len(children)
+                children.append({})
+                bonus.append(0.0)
+            node = children[node][token]
+            bonus[node] = max(bonus[node], value)
+    fail = [0] * len(children)
+    queue = deque(children[0].values())
+    while queue:
+        node = queue.popleft()
+        for token, child in children[node].items():
+            back = fail[node]
+            while back and token not in children[back]:
+                back = fail[back]
+            fail[child] = children[back].get(token, 0)
+            queue.append(child)
+    return children, bonus, fail
+
+
+def _earned(children, bonus, fail) -> tuple[np.ndarray, list[int]]:
+    """What each node has earned (its path's bonus, or its best suffix match's) and the
+    breadth-first order of the nodes (failure arcs point back in it)."""
+    order, queue = [0], deque([0])
+    path = np.zeros(len(children), dtype=np.float32)
+    earned = np.zeros(len(children), dtype=np.float32)
+    while queue:
+        node = queue.popleft()
+        for child in children[node].values():
+            path[child] = path[node] + bonus[child]
+            earned[child] = max(path[child], earned[fail[child]])
+            order.append(child)
+            queue.append(child)
+    return earned, order
+
+
+def _deep_arcs(children, fail, order) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every node's transitions to nodes deeper than one token, sorted by token, in CSR form."""
+    deep: list[dict[int, int]] = [{} for _ in children]
+    for node in order[1:]:  # a fallback is shallower: its arcs are known by then
+        deep[node] = {**deep[fail[node]], **children[node]}
+    start = np.zeros(len(children) + 1, dtype=np.int32)
+    start[1:] = np.cumsum([len(arcs) for arcs in deep])
+    flat = [(k, n) for arcs in deep for k, n in sorted(arcs.items())]
+    token = np.array([k for k, _ in flat], dtype=np.int32)
+    nxt = np.array([n for _, n in flat], dtype=np.int32)
+    return start, token, nxt
+
+
+class BoostPool:
+    """The boosting trees of every slot, on the device, and each slot's node: what the greedy pass
+    gathers from. Written only at a stream's first step (`load`), by the decode stage."""
+
+    def __init__(self, rows: int, limits: BoostLimits, device):
+        self.limits, self.device = limits, device
+        r, n, a = limits.root_width, limits.nodes + 1, limits.arcs
+        self.node = torch.zeros(rows, dtype=torch.long, device=device)
+        self.root_token = torch.zeros(rows, r, dtype=torch.int32, device=device)
+        self.root_next = torch.zeros_like(self.root_token)
+        self.root_value = torch.full((rows, r), NEG_INF, device=device)
+        self.arc_start = torch.zeros(rows * n, dtype=torch.int32, device=device)  # slot q's at q * n
+        self.arc_token = torch.zeros(rows * a, dtype=torch.int32, device=device)  # slot q's at q * a
+        self.arc_next = torch.zeros_like(self.arc_token)
+        self.arc_value = torch.zeros(rows * a, device=device)
+        self.widths = np.zeros((rows, 2), dtype=np.int64)  # host: root labels, most arcs of a node
+
+    def load(self, slot: int, tree: BoostingTree | None) -> None:
+        """The stream starting at `slot` boosts `tree` (None: nothing), from the root."""
+        self.node[slot] = 0
+        self.root_value[slot] = NEG_INF
+        self.widths[slot] = 0
+        if tree is None:
+            return
+        r, n, a = len(tree.root_token), self.limits.nodes + 1, self.limits.arcs
+        self._put(self.root_token[slot, :r], tree.root_token)
+        self._put(self.root_next[slot, :r], tree.root_next)
+        self._put(self.root_value[slot, :r], tree.root_value)
+        self._put(self.arc_start[slot * n : slot * n + tree.nodes + 1], tree.arc_start)
+        m = len(tree.arc_token)
+        for pooled, values in ((self.arc_token, tree.arc_token), (self.arc_next, tree.arc_next),
+                               (self.arc_value, tree.arc_value)):
+            self._put(pooled[slot * a : slot * a + m], values)
+        self.widths[slot] = (r, tree.width)
+
+    def rows(self, slots: torch.Tensor, host_slots: list[int] | None = None) -> "BoostRows | None":
+        """The boosting of a batch at `slots`: with `host_slots` (eager) only as wide as their trees
+        need, None where none has phrases; without, at the pool's full widths (fixed shapes)."""
+        if host_slots is None:
+            return BoostRows(self, slots, self.limits.root_width, self.limits.arc_width)
+        root_width, arc_width = self.widths[host_slots].max(0) if host_slots else (0, 0)
+        return BoostRows(self, slots, int(root_width), int(arc_width)) if root_width else None
+
+    def _put(self, target: torch.Tensor, values: np.ndarray) -> None:
+        target.copy_(torch.from_numpy(values), non_blocking=True)
+
+
+class BoostRows:
+    """The boosting of one greedy pass's rows: their root rows gathered once, their nodes carried
+    through the pass (`node`, written back with `save`), their deeper arcs gathered at each label."""
+
+    def __init__(self, pool: BoostPool, slots: torch.Tensor, root_width: int, arc_width: int):
+        self.pool, self.slots = pool, slots
+        self.node = pool.node[slots]
+        self.root_token = pool.root_token[slots, :root_width].long()
+        self.root_next = pool.root_next[slots, :root_width].long()
+        self.root_value = pool.root_value[slots, :root_width]
+        self.node_base = slots * (pool.limits.nodes + 1)
+        self.arc_base = slots * pool.limits.arcs
+        self.offsets = torch.arange(arc_width, device=slots.device)
+
+    def choose(self, logits: torch.Tensor, label: torch.Tensor, rows: torch.Tensor | None = None):
+        """logits [n, V+1] at the frame where each row emits `label` (the model's argmax, not blank),
+        of the pass's rows `rows` (None: all) -> (the label boosting chooses, the node it leads to)."""
+        pick = slice(None) if rows is None else rows
+        token, nxt, value = self._candidates(self.node[pick], self.node_base[pick], self.arc_base[pick],
+                                             self.root_token[pick], self.root_next[pick], self.root_value[pick])
+        best, at = (logits.gather(1, token) + value).max(1)
+        own = logits.gather(1, label.unsqueeze(1)).squeeze(1)
+        label = torch.where(best > own, token.gather(1, at.unsqueeze(1)).squeeze(1), label)
+        match = (token == label.unsqueeze(1)) & (value > NEG_INF)
+        last = (match * torch.arange(1, match.size(1) + 1, device=match.device)).argmax(1)  # the deeper arc
+        node = torch.where(match.any(1), nxt.gather(1, last.unsqueeze(1)).squeeze(1), 0)
+        return label, node
+
+    def _candidates(self, node, node_base, arc_base, root_token, root_next, root_value):
+        """Every row's candidate transitions, [n, root + arc width] each: token, next node, bonus
+        (-inf where a row has fewer)."""
+        pool = self.pool
+        start = pool.arc_start[node_base + node].long()
+        end = pool.arc_start[node_base + node + 1].long()
+        at = start.unsqueeze(1) + self.offsets
+        flat = arc_base.unsqueeze(1) + at.clamp(max=pool.limits.arcs - 1)
+        value = torch.where(at < end.unsqueeze(1), pool.arc_value[flat], NEG_INF)
+        return (torch.cat((root_token, pool.arc_token[flat].long()), 1),
+                torch.cat((root_next, pool.arc_next[flat].long()), 1),
+                torch.cat((root_value, value), 1))
+
+    def save(self) -> None:
+        """The rows' nodes back into the pool."""
+        self.pool.node[self.slots] = self.node
