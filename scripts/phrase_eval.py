@@ -33,7 +33,7 @@ import torch
 
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine.phrases import BONUS, LIMITS, Phrase, boosting_tree, check_phrases
-from parakeet_stream.model.boosting import BoostPool
+from parakeet_stream.model.boosting import BoostPool, word_starts
 from parakeet_stream.model.greedy import GreedyPass
 from parakeet_stream.training.data import edit_distance
 
@@ -134,7 +134,7 @@ def decode_cost(engine: ASREngine, audios: list[np.ndarray], counts=(0, 10, 100)
     names = cost_phrases()
     out = {}
     for n in counts:
-        pool = BoostPool(16, LIMITS, torch.device("cpu"))
+        pool = BoostPool(16, LIMITS, torch.device("cpu"), word_starts(model.tokenizer, model.decoder.blank + 1))
         for slot in range(16):  # each stream its own set: a rotation of the list
             pool.load(slot, boosting_tree(check_phrases(names[slot:] + names[:slot])[:n], model.tokenizer))
         slots, host = torch.arange(16), list(range(16))

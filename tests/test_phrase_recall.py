@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not (DEMO / "model.safetensors").is_file() or sh
 
 # Measured on the shipped demo model (these 10 sentences, every phrase of phrase_eval.PHRASES boosted at
 # the default bonus): RECALL_PLAIN of them without boosting, RECALL_BOOSTED with; asserted with margins.
-RECALL_PLAIN, RECALL_BOOSTED = 0, 0
+RECALL_PLAIN, RECALL_BOOSTED = 0, 3
 PICKED = range(0, 40, 4)  # one sentence of every other phrase
 
 
@@ -51,7 +51,7 @@ def test_boosting_recovers_missed_phrases_and_inserts_none(audios):
     text = [["".join(r.text for r in results) for results in run] for run in (plain, boosted)]
     found = [sum(contains(t, item["phrase"]) > 0 for t, item in zip(run, items)) for run in text]
     print("plain:", text[0], "\nboosted:", text[1], "\nfound:", found)
-    assert found[0] <= RECALL_PLAIN + 1 and found[1] >= RECALL_BOOSTED - 2
+    assert found[0] <= RECALL_PLAIN + 1 and found[1] >= RECALL_BOOSTED - 1 and found[1] > found[0]
     inserted = sum(contains(t, p.text) for t in text[1][len(items):] for p in phrases)
     assert inserted == 0
 

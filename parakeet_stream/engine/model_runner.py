@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..model.device import to_device
-from ..model.boosting import BoostPool, BoostRows
+from ..model.boosting import BoostPool, BoostRows, word_starts
 from ..model.config import Lookahead
 from ..model.conformer import EncoderCache
 from ..model.greedy import GreedyPass, unpack_scored
@@ -60,7 +60,8 @@ class ModelRunner:
         padding rows write to)."""
         rows = slots + (1 if self.graphs else 0)
         cache = EncoderCache.zeros(self.model.cfg.encoder, rows, self.device, self.model.encoder_dtype)
-        return cache, self.model.decoder.state_pool(rows, self.device), BoostPool(rows, LIMITS, self.device)
+        starts = word_starts(self.model.tokenizer, self.model.decoder.blank + 1)
+        return cache, self.model.decoder.state_pool(rows, self.device), BoostPool(rows, LIMITS, self.device, starts)
 
     def capture(self) -> None:
         """Capture every CUDA graph (every mode, every size), before the stage threads start."""

@@ -26,7 +26,7 @@ DEFAULT_WEIGHT = 1.0
 MAX_WEIGHT = 10.0
 # Log-probability added per phrase token at weight 1.0: picked on scripts/phrase_eval.py's set
 # (docs/performance.md, "Key phrases").
-BONUS = 1.5
+BONUS = 4.5
 # What the slot pool holds per stream: every phrase starting with its own token, every token its
 # own node; deeper arcs (children and failure-arc shortcuts) up to twice the nodes, at most
 # ARC_WIDTH from one node (a fixed-shape gather per label).

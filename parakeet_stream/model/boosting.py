@@ -5,14 +5,22 @@ the greedy pass (greedy.py) makes with it, in gathers over the whole batch.
 The tree is a trie over the phrases' tokens with Aho-Corasick failure arcs (as icefall's
 ContextGraph and NeMo's GPU phrase boosting). A stream's state is a node: the longest suffix of
 what it emitted that is a prefix of one of its phrases. Each token of a phrase is worth the base
-bonus times the phrase's weight (a prefix shared by several phrases: the largest); a node has
-*earned* the bonus of its best partial match (the sum along it, or along a shorter suffix match).
+bonus times the phrase's weight (a prefix shared by several phrases: the largest), its first token
+FIRST_SHARE of that (a first piece is often a common word start such as "▁k"; the pieces after it
+tell the phrase: measured in scripts/phrase_eval.py). A node has *earned* the bonus of its best
+partial match (the sum along it, or along a shorter suffix match).
 A label that continues a match earns its bonus; one that breaks it gives back what the match had
 earned (the state falls back along failure arcs, to a shorter match or the root). One greedy step
 ranks labels by log-probability + (earned after the label - earned before): the second term is
 the same for all labels, so a label's bonus is what the node it leads to has earned, 0 for any
 label that leads back to the root. Blank gets no bonus, and boosting never turns the model's
 blank into a label (NeMo's greedy fusion): it only chooses which label, where the model emits one.
+
+A phrase is whole words: once one is complete, its bonus is kept only if the next label starts a
+word (a piece with the word-boundary mark, punctuation, or a control piece such as <EOU>); a
+label that would glue more letters onto its last word gives it back. So a complete node adds
+its phrase's bonus (`done`) to every word-starting label, and the best such label joins the
+candidates beside the model's own and the tree's.
 
 Layout, for fixed shapes: a node's arcs are its Aho-Corasick transitions that lead deeper than
 one token (its children and its fallbacks' children), in CSR form; the transitions into the root's
@@ -30,7 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .tokenizer import SPACE, Tokenizer
+
 NEG_INF = float("-inf")
+FIRST_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -49,8 +60,8 @@ class BoostingTree:
 
     def __init__(self, phrases: list[tuple[list[int], float]], limits: BoostLimits):
         """phrases: (tokens, bonus per token) each. ValueError where the tree exceeds `limits`."""
-        children, bonus, fail = _trie(phrases)
-        earned, order = _earned(children, bonus, fail)
+        children, bonus, fail, ends = _trie(phrases)
+        earned, done, order = _earned(children, bonus, fail, ends)
         if len(children) > limits.nodes:
             raise ValueError(f"the phrases make {len(children)} tree nodes: at most {limits.nodes}")
         if len(children[0]) > limits.root_width:
@@ -61,6 +72,7 @@ class BoostingTree:
         self.root_value = np.array([earned[n] for _, n in root], dtype=np.float32)
         self.arc_start, self.arc_token, self.arc_next = _deep_arcs(children, fail, order)
         self.arc_value = earned[self.arc_next]
+        self.done = done
         self.width = int(np.diff(self.arc_start).max(initial=0))
         if len(self.arc_token) > limits.arcs or self.width > limits.arc_width:
             raise ValueError("the phrases overlap too much to be boosted together")
@@ -70,20 +82,22 @@ class BoostingTree:
         return len(self.arc_start) - 1
 
 
-def _trie(phrases: list[tuple[list[int], float]]) -> tuple[list[dict[int, int]], list[float], list[int]]:
-    """children per node (token -> node; node 0 the root), the bonus of the arc into each node, and
-    each node's failure arc (its longest proper suffix in the trie), in breadth-first order."""
+def _trie(phrases: list[tuple[list[int], float]]):
+    """children per node (token -> node; node 0 the root), the bonus of the arc into each node, each
+    node's failure arc (its longest proper suffix in the trie), and the nodes that end a phrase."""
     children: list[dict[int, int]] = [{}]
     bonus = [0.0]
+    ends = set()
     for tokens, value in phrases:
         node = 0
-        for token in tokens:
+        for depth, token in enumerate(tokens):
             if token not in children[node]:
                 children[node][token] = len(children)
                 children.append({})
                 bonus.append(0.0)
             node = children[node][token]
-            bonus[node] = max(bonus[node], value)
+            bonus[node] = max(bonus[node], value * (FIRST_SHARE if depth == 0 else 1.0))
+        ends.add(node)
     fail = [0] * len(children)
     queue = deque(children[0].values())
     while queue:
@@ -94,23 +108,26 @@ def _trie(phrases: list[tuple[list[int], float]]) -> tuple[list[dict[int, int]],
                 back = fail[back]
             fail[child] = children[back].get(token, 0)
             queue.append(child)
-    return children, bonus, fail
+    return children, bonus, fail, ends
 
 
-def _earned(children, bonus, fail) -> tuple[np.ndarray, list[int]]:
-    """What each node has earned (its path's bonus, or its best suffix match's) and the
+def _earned(children, bonus, fail, ends) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """What each node has earned (its path's bonus, or its best suffix match's), what it keeps if
+    a word starts next (the bonus of the phrase it completes, itself or as a suffix), and the
     breadth-first order of the nodes (failure arcs point back in it)."""
     order, queue = [0], deque([0])
     path = np.zeros(len(children), dtype=np.float32)
     earned = np.zeros(len(children), dtype=np.float32)
+    done = np.zeros(len(children), dtype=np.float32)
     while queue:
         node = queue.popleft()
         for child in children[node].values():
             path[child] = path[node] + bonus[child]
             earned[child] = max(path[child], earned[fail[child]])
+            done[child] = path[child] if child in ends else done[fail[child]]
             order.append(child)
             queue.append(child)
-    return earned, order
+    return earned, done, order
 
 
 def _deep_arcs(children, fail, order) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,18 +143,34 @@ def _deep_arcs(children, fail, order) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return start, token, nxt
 
 
+def word_starts(tokenizer: Tokenizer | None, labels: int) -> np.ndarray:
+    """[labels] bool: the labels that start a word (the word-boundary mark, no letter or digit, or a
+    control piece); blank (the last label) and, without a tokenizer, every label: False."""
+    starts = np.zeros(labels, dtype=bool)
+    if tokenizer is not None:
+        for i in range(tokenizer.vocab_size):
+            piece = tokenizer.piece(i)
+            starts[i] = (i in tokenizer.special_ids or piece.startswith(SPACE)
+                         or not any(ch.isalnum() for ch in piece))
+    return starts
+
+
 class BoostPool:
     """The boosting trees of every slot, on the device, and each slot's node: what the greedy pass
     gathers from. Written only at a stream's first step (`load`), by the decode stage."""
 
-    def __init__(self, rows: int, limits: BoostLimits, device):
+    def __init__(self, rows: int, limits: BoostLimits, device, starts: np.ndarray):
+        """starts: `word_starts` of the model's labels."""
         self.limits, self.device = limits, device
         r, n, a = limits.root_width, limits.nodes + 1, limits.arcs
+        self.starts = torch.from_numpy(starts.astype(np.float32)).to(device)  # 1 where a word starts
+        self.start_mask = torch.where(self.starts > 0, 0.0, NEG_INF)  # to pick the best such label
         self.node = torch.zeros(rows, dtype=torch.long, device=device)
         self.root_token = torch.zeros(rows, r, dtype=torch.int32, device=device)
         self.root_next = torch.zeros_like(self.root_token)
         self.root_value = torch.full((rows, r), NEG_INF, device=device)
         self.arc_start = torch.zeros(rows * n, dtype=torch.int32, device=device)  # slot q's at q * n
+        self.done = torch.zeros(rows * n, device=device)
         self.arc_token = torch.zeros(rows * a, dtype=torch.int32, device=device)  # slot q's at q * a
         self.arc_next = torch.zeros_like(self.arc_token)
         self.arc_value = torch.zeros(rows * a, device=device)
@@ -155,6 +188,7 @@ class BoostPool:
         self._put(self.root_next[slot, :r], tree.root_next)
         self._put(self.root_value[slot, :r], tree.root_value)
         self._put(self.arc_start[slot * n : slot * n + tree.nodes + 1], tree.arc_start)
+        self._put(self.done[slot * n : slot * n + tree.nodes], tree.done)
         m = len(tree.arc_token)
         for pooled, values in ((self.arc_token, tree.arc_token), (self.arc_next, tree.arc_next),
                                (self.arc_value, tree.arc_value)):
@@ -193,10 +227,15 @@ class BoostRows:
         pick = slice(None) if rows is None else rows
         token, nxt, value = self._candidates(self.node[pick], self.node_base[pick], self.arc_base[pick],
                                              self.root_token[pick], self.root_next[pick], self.root_value[pick])
-        best, at = (logits.gather(1, token) + value).max(1)
-        own = logits.gather(1, label.unsqueeze(1)).squeeze(1)
-        label = torch.where(best > own, token.gather(1, at.unsqueeze(1)).squeeze(1), label)
-        match = (token == label.unsqueeze(1)) & (value > NEG_INF)
+        tree = token.size(1)
+        word = (logits + self.pool.start_mask).argmax(1, keepdim=True)  # the best word-starting label
+        token = torch.cat((token, label.unsqueeze(1), word), 1)
+        done = self.pool.done[self.node_base[pick] + self.node[pick]].unsqueeze(1)
+        value = torch.cat((value, value.new_zeros(value.size(0), 2)), 1) + done * self.pool.starts[token]
+        scores = logits.gather(1, token) + value
+        best, at = scores.max(1)
+        label = token.gather(1, torch.where(best > scores[:, tree], at, tree).unsqueeze(1)).squeeze(1)  # ties: the model's
+        match = (token[:, :tree] == label.unsqueeze(1)) & (value[:, :tree] > NEG_INF)
         last = (match * torch.arange(1, match.size(1) + 1, device=match.device)).argmax(1)  # the deeper arc
         node = torch.where(match.any(1), nxt.gather(1, last.unsqueeze(1)).squeeze(1), 0)
         return label, node
