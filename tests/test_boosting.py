@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from parakeet_stream.model.boosting import BoostingTree, BoostLimits, BoostPool
 from parakeet_stream.model.greedy import GreedyPass, unpack
 from parakeet_stream.model.rnnt import DecoderState
 from parakeet_stream.model.tokenizer import Tokenizer
+from parakeet_stream.tools.transcribe import read_phrases
 
 LIMITS = BoostLimits(root_width=8, nodes=64, arcs=128, arc_width=16)
 STARTS = np.arange(21) % 3 == 0  # the random decoder's labels (blank, 20, aside) that start a word
@@ -92,6 +94,19 @@ def test_phrases_past_the_token_limit_are_refused_and_an_uncased_model_gets_lowe
     upper, lower = boosting_tree((Phrase("Kowalski"),), tok), boosting_tree((Phrase("kowalski"),), tok)
     assert upper.root_token.tolist() == lower.root_token.tolist()
     assert upper.arc_token.tolist() == lower.arc_token.tolist() == tok.encode("kowalski")[1:]
+
+
+@pytest.mark.skipif(not DEMO_TOKENIZER.is_file(), reason="weights/demo is absent")
+def test_a_phrases_file_has_a_phrase_a_line_and_an_optional_tab_weight(tmp_path):
+    model = SimpleNamespace(tokenizer=Tokenizer(DEMO_TOKENIZER))
+    path = tmp_path / "phrases.txt"
+    path.write_text("Kowalski\n\nnew  york city\t2.5\nkowalski\t0.5\n")
+    assert read_phrases(path, model) == (Phrase("Kowalski"), Phrase("new york city", 2.5), Phrase("kowalski", 0.5))
+    for bad, reason in (("kowalski\theavy\n", "line 1"), ("zanzibar\t11\n", "at most 10"),
+                        (" ".join("qzx"[k % 3] for k in range(45)), "at most 32")):
+        path.write_text(bad)
+        with pytest.raises(PhraseError, match=reason):
+            read_phrases(path, model)
 
 
 def test_boosting_chooses_which_label_only_where_the_model_emits_one():
