@@ -24,8 +24,8 @@ MAX_PHRASE_CHARS = 100
 MAX_PHRASE_TOKENS = 32
 DEFAULT_WEIGHT = 1.0
 MAX_WEIGHT = 10.0
-# Log-probability added per phrase token at weight 1.0: picked on scripts/phrase_eval.py's set
-# (docs/performance.md, "Key phrases").
+# Log-probability added per phrase token at weight 1.0 (a phrase's first token: FIRST_SHARE of it,
+# model/boosting.py): picked on scripts/phrase_eval.py's set (docs/performance.md, "Key phrases").
 BONUS = 4.5
 # What the slot pool holds per stream: every phrase starting with its own token, every token its
 # own node; deeper arcs (children and failure-arc shortcuts) up to twice the nodes, at most
