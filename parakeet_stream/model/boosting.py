@@ -157,42 +157,33 @@ def word_starts(tokenizer: Tokenizer | None, labels: int) -> np.ndarray:
 
 class BoostPool:
     """The boosting trees of every slot, on the device, and each slot's node: what the greedy pass
-    gathers from. Written only at a stream's first step (`load`), by the decode stage."""
+    gathers from. Written only at a stream's first step (`load`), by the decode stage. Ids are held
+    as float32 beside the bonuses (exact below 2**24), so one gather brings a row's candidates."""
 
     def __init__(self, rows: int, limits: BoostLimits, device, starts: np.ndarray):
         """starts: `word_starts` of the model's labels."""
         self.limits, self.device = limits, device
-        r, n, a = limits.root_width, limits.nodes + 1, limits.arcs
         self.starts = torch.from_numpy(starts.astype(np.float32)).to(device)  # 1 where a word starts
         self.start_mask = torch.where(self.starts > 0, 0.0, NEG_INF)  # to pick the best such label
         self.node = torch.zeros(rows, dtype=torch.long, device=device)
-        self.root_token = torch.zeros(rows, r, dtype=torch.int32, device=device)
-        self.root_next = torch.zeros_like(self.root_token)
-        self.root_value = torch.full((rows, r), NEG_INF, device=device)
-        self.arc_start = torch.zeros(rows * n, dtype=torch.int32, device=device)  # slot q's at q * n
-        self.done = torch.zeros(rows * n, device=device)
-        self.arc_token = torch.zeros(rows * a, dtype=torch.int32, device=device)  # slot q's at q * a
-        self.arc_next = torch.zeros_like(self.arc_token)
-        self.arc_value = torch.zeros(rows * a, device=device)
+        self.root = torch.zeros(rows, limits.root_width, 3, device=device)  # token, next node, bonus
+        self.root[..., 2] = NEG_INF
+        self.nodes = torch.zeros(rows * (limits.nodes + 1), 3, device=device)  # arcs from, to; done
+        self.arcs = torch.zeros(rows * limits.arcs, 3, device=device)  # token, next node, bonus
         self.widths = np.zeros((rows, 2), dtype=np.int64)  # host: root labels, most arcs of a node
 
     def load(self, slot: int, tree: BoostingTree | None) -> None:
         """The stream starting at `slot` boosts `tree` (None: nothing), from the root."""
         self.node[slot] = 0
-        self.root_value[slot] = NEG_INF
+        self.root[slot, :, 2] = NEG_INF
         self.widths[slot] = 0
         if tree is None:
             return
         r, n, a = len(tree.root_token), self.limits.nodes + 1, self.limits.arcs
-        self._put(self.root_token[slot, :r], tree.root_token)
-        self._put(self.root_next[slot, :r], tree.root_next)
-        self._put(self.root_value[slot, :r], tree.root_value)
-        self._put(self.arc_start[slot * n : slot * n + tree.nodes + 1], tree.arc_start)
-        self._put(self.done[slot * n : slot * n + tree.nodes], tree.done)
+        self._put(self.root[slot, :r], tree.root_token, tree.root_next, tree.root_value)
+        self._put(self.nodes[slot * n : slot * n + tree.nodes], tree.arc_start[:-1], tree.arc_start[1:], tree.done)
         m = len(tree.arc_token)
-        for pooled, values in ((self.arc_token, tree.arc_token), (self.arc_next, tree.arc_next),
-                               (self.arc_value, tree.arc_value)):
-            self._put(pooled[slot * a : slot * a + m], values)
+        self._put(self.arcs[slot * a : slot * a + m], tree.arc_token, tree.arc_next, tree.arc_value)
         self.widths[slot] = (r, tree.width)
 
     def rows(self, slots: torch.Tensor, host_slots: list[int] | None = None) -> "BoostRows | None":
@@ -203,8 +194,8 @@ class BoostPool:
         root_width, arc_width = self.widths[host_slots].max(0) if host_slots else (0, 0)
         return BoostRows(self, slots, int(root_width), int(arc_width)) if root_width else None
 
-    def _put(self, target: torch.Tensor, values: np.ndarray) -> None:
-        target.copy_(torch.from_numpy(values), non_blocking=True)
+    def _put(self, target: torch.Tensor, *columns: np.ndarray) -> None:
+        target.copy_(torch.from_numpy(np.stack(columns, 1).astype(np.float32)), non_blocking=True)
 
 
 class BoostRows:
@@ -214,9 +205,7 @@ class BoostRows:
     def __init__(self, pool: BoostPool, slots: torch.Tensor, root_width: int, arc_width: int):
         self.pool, self.slots = pool, slots
         self.node = pool.node[slots]
-        self.root_token = pool.root_token[slots, :root_width].long()
-        self.root_next = pool.root_next[slots, :root_width].long()
-        self.root_value = pool.root_value[slots, :root_width]
+        self.root = pool.root[slots, :root_width]
         self.node_base = slots * (pool.limits.nodes + 1)
         self.arc_base = slots * pool.limits.arcs
         self.offsets = torch.arange(arc_width, device=slots.device)
@@ -224,34 +213,28 @@ class BoostRows:
     def choose(self, logits: torch.Tensor, label: torch.Tensor, rows: torch.Tensor | None = None):
         """logits [n, V+1] at the frame where each row emits `label` (the model's argmax, not blank),
         of the pass's rows `rows` (None: all) -> (the label boosting chooses, the node it leads to)."""
-        pick = slice(None) if rows is None else rows
-        token, nxt, value = self._candidates(self.node[pick], self.node_base[pick], self.arc_base[pick],
-                                             self.root_token[pick], self.root_next[pick], self.root_value[pick])
-        tree = token.size(1)
+        node, node_base, arc_base, root = self.node, self.node_base, self.arc_base, self.root
+        if rows is not None:
+            node, node_base, arc_base, root = node[rows], node_base[rows], arc_base[rows], root[rows]
+        info = self.pool.nodes[node_base + node]  # [n, 3]: its arcs from, to; what it keeps if a word starts
+        tree = torch.cat((self._arcs(info, arc_base), root), 1)  # deeper arcs first: where both match, they win
+        width = tree.size(1)
         word = (logits + self.pool.start_mask).argmax(1, keepdim=True)  # the best word-starting label
-        token = torch.cat((token, label.unsqueeze(1), word), 1)
-        done = self.pool.done[self.node_base[pick] + self.node[pick]].unsqueeze(1)
-        value = torch.cat((value, value.new_zeros(value.size(0), 2)), 1) + done * self.pool.starts[token]
+        token = torch.cat((tree[..., 0].long(), label.unsqueeze(1), word), 1)
+        value = torch.nn.functional.pad(tree[..., 2], (0, 2)) + info[:, 2:] * self.pool.starts[token]
         scores = logits.gather(1, token) + value
         best, at = scores.max(1)
-        label = token.gather(1, torch.where(best > scores[:, tree], at, tree).unsqueeze(1)).squeeze(1)  # ties: the model's
-        match = (token[:, :tree] == label.unsqueeze(1)) & (value[:, :tree] > NEG_INF)
-        last = (match * torch.arange(1, match.size(1) + 1, device=match.device)).argmax(1)  # the deeper arc
-        node = torch.where(match.any(1), nxt.gather(1, last.unsqueeze(1)).squeeze(1), 0)
-        return label, node
+        choice = torch.where(best > scores[:, width], at, width)  # ties: the model's own label
+        label = token.gather(1, choice.unsqueeze(1)).squeeze(1)
+        nxt = tree[..., 1].gather(1, choice.clamp(max=width - 1).unsqueeze(1)).squeeze(1).long()
+        return label, torch.where(choice < width, nxt, 0)
 
-    def _candidates(self, node, node_base, arc_base, root_token, root_next, root_value):
-        """Every row's candidate transitions, [n, root + arc width] each: token, next node, bonus
-        (-inf where a row has fewer)."""
-        pool = self.pool
-        start = pool.arc_start[node_base + node].long()
-        end = pool.arc_start[node_base + node + 1].long()
-        at = start.unsqueeze(1) + self.offsets
-        flat = arc_base.unsqueeze(1) + at.clamp(max=pool.limits.arcs - 1)
-        value = torch.where(at < end.unsqueeze(1), pool.arc_value[flat], NEG_INF)
-        return (torch.cat((root_token, pool.arc_token[flat].long()), 1),
-                torch.cat((root_next, pool.arc_next[flat].long()), 1),
-                torch.cat((root_value, value), 1))
+    def _arcs(self, info: torch.Tensor, arc_base: torch.Tensor) -> torch.Tensor:
+        """[n, arc width, 3] the rows' nodes' deeper arcs (bonus -inf past a node's own)."""
+        at = info[:, :1].long() + self.offsets
+        arcs = self.pool.arcs[arc_base.unsqueeze(1) + at.clamp(max=self.pool.limits.arcs - 1)]
+        arcs[..., 2].masked_fill_(at >= info[:, 1:2].long(), NEG_INF)
+        return arcs
 
     def save(self) -> None:
         """The rows' nodes back into the pool."""
