@@ -122,7 +122,7 @@ def metrics(with_items, without_items, hyps_with, hyps_without) -> dict:
             "missed": [i["phrase"] for i, ok in zip(with_items, found) if not ok]}
 
 
-def decode_cost(engine: ASREngine, audios: list[np.ndarray], counts=(0, 10, 100), repeats: int = 10) -> dict:
+def decode_cost(engine: ASREngine, audios: list[np.ndarray], counts=(0, 10, 100), repeats: int = 30) -> dict:
     """Milliseconds per greedy pass over one streaming chunk of 16 streams, per phrase count: the
     counts' passes interleaved chunk by chunk (the machine's noise hits them alike), the best of
     `repeats` runs."""
