@@ -28,7 +28,7 @@ from .latency import DEFAULT_TARGET
 from .model_runner import ModelRunner
 from .memory import plan_memory, slot_bytes, stream_bytes
 from .options import auto_num_streams
-from .phrases import Phrase
+from .phrases import Phrase, boosting_tree
 from .pipeline import DEPTH, Pipeline, Stage
 from .policy import bulk_lookahead
 from .results import DecoderProgress, ResultBuilder, StreamResult
@@ -132,12 +132,13 @@ class ASREngine:
             raise EngineError("bad_lookahead", str(exc)) from None
 
     # --- streams --------------------------------------------------------------------------
-    def create_stream(
-        self, lookahead: Lookahead | None = None, bulk: bool = False, phrases: tuple[Phrase, ...] = ()
-    ) -> int:
+    def create_stream(self, lookahead: Lookahead | None = None, bulk: bool = False,
+                      phrases: tuple[Phrase, ...] = ()) -> int:
         """A new stream (admitted now, or queued). A bulk stream's audio is all there at once (a file):
         it has no deadlines and fills the capacity live streams leave (policy.py), in the longest
-        lookahead mode unless `lookahead` says otherwise."""
+        lookahead mode unless `lookahead` says otherwise. `phrases` (phrases.check_phrases) are
+        boosted in its decoding; PhraseError where the model cannot take them."""
+        tree = boosting_tree(phrases, self.model.tokenizer)
         if lookahead is not None:
             mode = self._check_lookahead(lookahead)
         else:
@@ -151,7 +152,7 @@ class ASREngine:
             front=FrontEnd(self.model.features, spec),
             decoding=DecoderProgress(self.model.tokenizer),
             bulk=bulk,
-            phrases=phrases,
+            boosting=tree,
         )
         with self._lock:
             self._seqs[sid] = seq

@@ -3,8 +3,9 @@
 pre-encode: features and subsampling of every chunk in the step, one batch per lookahead mode,
   cut into the step's batches (one per round and mode, step.py);
 encode: the cache-aware encoder layers over each batch, against the slot pool;
-decode: one greedy RNN-T pass per batch (label looping, model/greedy.py); the step's tokens come
-  to the host in one copy.
+decode: one greedy RNN-T pass per batch (label looping, model/greedy.py), boosting the key phrases
+  of the streams that have some (model/boosting.py; a batch without any runs the plain pass); the
+  step's tokens come to the host in one copy.
 As nano-vllm's ModelRunner.run, it decides nothing (the Scheduler chose the step) and delivers
 nothing (the engine turns tokens into results and publishes them). On CUDA each stage runs on
 its own stream (streams.py), the encoder layers and the greedy pass replay CUDA graphs captured
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from ..model.device import to_device
+from ..model.boosting import BoostPool, BoostRows, word_starts
 from ..model.config import Lookahead
 from ..model.conformer import EncoderCache
 from ..model.greedy import GreedyPass, unpack_scored
@@ -29,6 +31,7 @@ from ..model.rnnt import DecoderState
 from . import chunker
 from .chunker import Window
 from .cuda_graphs import StaticBatches, loop_guard, unconditional
+from .phrases import LIMITS
 from .step import Batch, Step, StepItem
 from .streams import StageStreams
 
@@ -43,25 +46,28 @@ class ModelRunner:
         self.device = model.features.fb.device
         self.slots, self.max_batch = slots, max_batch
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
-        self.cache, self.decoder_state = self.allocate_pools(slots)
+        self.cache, self.decoder_state, self.boost = self.allocate_pools(slots)
         self.streams = StageStreams(self.device, STAGES)
         self.encoders: dict[Lookahead, StaticBatches] = {}
         self.decoders: dict[Lookahead, StaticBatches] = {}
+        self.boosted_decoders: dict[Lookahead, StaticBatches] = {}  # batches where a stream has phrases
         if self.graphs:
             self._static_batches()
 
-    def allocate_pools(self, slots: int) -> tuple[EncoderCache, DecoderState]:
-        """Encoder caches and decoder states of every slot, allocated once as [layers, slots, ...]
-        (with static batches one more: the scratch slot, index `slots`, that padding rows write to)."""
+    def allocate_pools(self, slots: int) -> tuple[EncoderCache, DecoderState, BoostPool]:
+        """Encoder caches, decoder states and boosting trees of every slot, allocated once as
+        [layers, slots, ...] (with static batches one more: the scratch slot, index `slots`, that
+        padding rows write to)."""
         rows = slots + (1 if self.graphs else 0)
         cache = EncoderCache.zeros(self.model.cfg.encoder, rows, self.device, self.model.encoder_dtype)
-        return cache, self.model.decoder.state_pool(rows, self.device)
+        starts = word_starts(self.model.tokenizer, self.model.decoder.blank + 1)
+        return cache, self.model.decoder.state_pool(rows, self.device), BoostPool(rows, LIMITS, self.device, starts)
 
     def capture(self) -> None:
         """Capture every CUDA graph (every mode, every size), before the stage threads start."""
         guard = loop_guard(self.device) if self.device.type == "cuda" else unconditional
         with torch.inference_mode(), _on(self.device):
-            for static in [*self.encoders.values(), *self.decoders.values()]:
+            for static in [*self.encoders.values(), *self.decoders.values(), *self.boosted_decoders.values()]:
                 static.capture(guard)
 
     # --- stages ----------------------------------------------------------------------------
@@ -105,14 +111,21 @@ class ModelRunner:
     def decode(self, step: Step) -> None:
         """One greedy pass per batch, so every chunk gets its own tokens, as NeMo's steps do."""
         self.streams.follow(step)
-        first = [item.slot for item in step if item.first and item.live]
+        first = [item for item in step if item.first and item.live]
         if first:
-            self.decoder_state.reset(self._index(first))
+            self.decoder_state.reset(self._index([item.slot for item in first]))
+            for item in first:
+                self.boost.load(item.slot, item.seq.boosting)
         packed = []
         for batch in step.batches:
-            static = self.decoders.get(batch.mode)  # its static input is float32: the copy in casts
-            enc = batch.encoded if static else batch.encoded.float()
-            packed.append((static or self._greedy)(enc, batch.lengths, batch.slots))
+            slots = [item.slot for item in batch.items]
+            boosted = bool(self.boost.widths[slots].any())
+            static = (self.boosted_decoders if boosted else self.decoders).get(batch.mode)
+            if static:  # its static input is float32: the copy in casts
+                packed.append(static(batch.encoded, batch.lengths, batch.slots))
+            else:
+                boost = self.boost.rows(batch.slots, slots)
+                packed.append(self._greedy(batch.encoded.float(), batch.lengths, batch.slots, boost=boost))
         for batch, rows in zip(step.batches, self._fetch(packed)):
             for item, found in zip(batch.items, unpack_scored(rows)):
                 item.tokens.append(found)
@@ -138,11 +151,18 @@ class ModelRunner:
     def _layers(self, x, lengths, slots, mode: Lookahead, guard=None) -> torch.Tensor:
         return self.model.encoder.stream_layers(x, lengths, self.cache, slots, mode)
 
-    def _greedy(self, enc, lengths, slots, guard=None) -> torch.Tensor:
-        """The greedy pass of the streams at `slots`, their decoder state carried in the pool; labels with their probabilities (GreedyPass.scored)."""
-        done = GreedyPass(self.model.decoder, enc, lengths, self.decoder_state.gather(slots)).run(guard)
+    def _greedy(self, enc, lengths, slots, guard=None, boost: BoostRows | None = None) -> torch.Tensor:
+        """The greedy pass of the streams at `slots`, their decoder state (and with `boost` their
+        boosting node) carried in the pools; labels with their probabilities (GreedyPass.scored)."""
+        done = GreedyPass(self.model.decoder, enc, lengths, self.decoder_state.gather(slots), boost=boost).run(guard)
         self.decoder_state.scatter(slots, DecoderState(*done.state()))
+        if boost is not None:
+            boost.save()
         return done.scored()
+
+    def _boosted_greedy(self, enc, lengths, slots, guard=None) -> torch.Tensor:
+        """`_greedy` with the slots' boosting trees, at the pool's full widths (fixed shapes)."""
+        return self._greedy(enc, lengths, slots, guard, self.boost.rows(slots))
 
     def _static_batches(self) -> None:
         """The encoder layers and the greedy pass of every mode as static batches; the graphs of each
@@ -163,6 +183,9 @@ class ModelRunner:
                                                 self.max_batch, cuda, pools["encode"])
             self.decoders[mode] = StaticBatches(f"decode {mode}", self._greedy, partial(inputs, dtype=torch.float32),
                                                 padding, self.max_batch, cuda, pools["decode"])
+            self.boosted_decoders[mode] = StaticBatches(f"decode+phrases {mode}", self._boosted_greedy,
+                                                        partial(inputs, dtype=torch.float32), padding,
+                                                        self.max_batch, cuda, pools["decode"])
 
     def _index(self, values: list[int]) -> torch.Tensor:
         """Host integers on the device, without a blocking copy."""

@@ -4,14 +4,19 @@ every API maps its own field to (native `phrases`, Deepgram `keyterm`/`keywords`
 
 A phrase's `weight` scales the decoder's default bonus: 1.0 is the default boost, 2.0 twice it.
 The engine tokenizes phrases with the model's tokenizer when the stream is created and refuses a
-phrase longer than MAX_PHRASE_TOKENS tokens there (the count depends on the model)."""
+phrase longer than MAX_PHRASE_TOKENS tokens there (the count depends on the model), then builds
+the stream's boosting tree once (`boosting_tree`; the decoder's side is model/boosting.py)."""
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable
 
+from ..model.boosting import BoostingTree, BoostLimits
+from ..model.tokenizer import Tokenizer
 from .errors import EngineError
 
 MAX_PHRASES = 100  # per stream
@@ -19,6 +24,15 @@ MAX_PHRASE_CHARS = 100
 MAX_PHRASE_TOKENS = 32
 DEFAULT_WEIGHT = 1.0
 MAX_WEIGHT = 10.0
+# Log-probability added per phrase token at weight 1.0 (a phrase's first token: FIRST_SHARE of it,
+# model/boosting.py): picked on scripts/phrase_eval.py's set (docs/performance.md, "Key phrases").
+BONUS = 4.5
+# What the slot pool holds per stream: every phrase starting with its own token, every token its
+# own node; deeper arcs (children and failure-arc shortcuts) up to twice the nodes, at most
+# ARC_WIDTH from one node (a fixed-shape gather per label).
+ARC_WIDTH = 128
+LIMITS = BoostLimits(root_width=MAX_PHRASES, nodes=1 + MAX_PHRASES * MAX_PHRASE_TOKENS,
+                     arcs=2 * MAX_PHRASES * MAX_PHRASE_TOKENS, arc_width=ARC_WIDTH)
 
 
 @dataclass(frozen=True)
@@ -66,3 +80,32 @@ def _one(item) -> Phrase:
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= MAX_WEIGHT:
         raise PhraseError(f"a phrase weight must be a number above 0 and at most {MAX_WEIGHT:g}")
     return Phrase(text, float(weight))
+
+
+def boosting_tree(phrases: tuple[Phrase, ...], tokenizer: Tokenizer | None) -> BoostingTree | None:
+    """The boosting tree of a stream's checked phrases, tokenized with the model's tokenizer (lower
+    case for a model that writes none); None for no phrases. PhraseError for a phrase past
+    MAX_PHRASE_TOKENS, or phrases the slot pool cannot hold."""
+    if not phrases:
+        return None
+    if tokenizer is None:
+        raise PhraseError("this model has no tokenizer to read phrases with")
+    lower = _uncased(tokenizer)
+    items = []
+    for phrase in phrases:
+        tokens = tokenizer.encode(phrase.text.lower() if lower else phrase.text)
+        if len(tokens) > MAX_PHRASE_TOKENS:
+            raise PhraseError(f"the phrase {phrase.text!r} is {len(tokens)} tokens for this model: "
+                              f"at most {MAX_PHRASE_TOKENS}")
+        items.append((tokens, BONUS * phrase.weight))
+    try:
+        return BoostingTree(items, LIMITS)
+    except ValueError as exc:
+        raise PhraseError(str(exc)) from None
+
+
+@lru_cache(maxsize=8)
+def _uncased(tokenizer: Tokenizer) -> bool:
+    """The model writes no upper-case letter (none in its pieces, control and byte pieces aside)."""
+    pieces = (tokenizer.piece(i) for i in range(tokenizer.vocab_size) if i not in tokenizer.special_ids)
+    return not any(ch.isupper() for p in pieces if not re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", p) for ch in p)

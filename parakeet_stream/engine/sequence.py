@@ -14,10 +14,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ..model.boosting import BoostingTree
 from ..model.config import Lookahead
 from .chunker import FrontEnd
 from .inbox import Inbox
-from .phrases import Phrase
 from .results import DecoderProgress, Outbox
 
 
@@ -42,7 +42,7 @@ class Sequence:
     decoding: DecoderProgress
     outbox: Outbox = field(default_factory=Outbox)
     bulk: bool = False  # its audio is all there at once (a file): no deadlines, spare capacity only (policy.py)
-    phrases: tuple[Phrase, ...] = ()  # key phrases to boost (phrases.py)
+    boosting: BoostingTree | None = None  # its key phrases (phrases.py), loaded into its slot at its first step
     # lifecycle: written by the Scheduler only, under its lock; the others read it
     status: Status = Status.WAITING
     slot: int | None = None

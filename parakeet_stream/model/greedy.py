@@ -12,6 +12,11 @@ Each label's confidence is its probability under the joint's softmax at the fram
 (NeMo's `max_prob` token confidence; blank frames are not scored, as NeMo's `exclude_blank`): a float
 tensor beside the labels, filled by the same masked updates, so it changes neither labels nor shapes.
 
+With key phrases (`boost`, boosting.py), where the model emits a label, the stream's boosting tree
+may choose another one at that frame; each stream's tree node is carried like its decoder state.
+Rows without phrases have no candidates, so they get the model's own argmax, as without `boost`.
+The confidence stays the model's probability of the label emitted, boosted or not.
+
 Shapes never depend on the data: on a GPU a whole pass is captured in a CUDA graph (the loop
 unrolled to `max_iterations`, each iteration under a conditional node on `active.any()`, see
 engine/cuda_graphs.py); on CPU it runs eagerly until no stream is active.
@@ -26,6 +31,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .boosting import BoostRows
+
 # Frames scored per stream per iteration by default: a whole streaming chunk (at most 14 encoder
 # frames in NVIDIA's modes), while a long utterance does not score all its frames per label.
 WINDOW = 16
@@ -34,11 +41,12 @@ WINDOW = 16
 class GreedyPass:
     """One greedy pass over a batch of encoder outputs; every field is updated in place."""
 
-    def __init__(self, decoder, enc: torch.Tensor, lengths: torch.Tensor, state, window: int | None = None):
+    def __init__(self, decoder, enc: torch.Tensor, lengths: torch.Tensor, state, window: int | None = None,
+                 boost: BoostRows | None = None):
         """decoder: rnnt.GreedyDecoder; enc [B, T, D] (float32), valid frames `lengths` [B] (<= T);
         state: the streams' rnnt.DecoderState before it; `window`: frames scored per stream per
-        iteration (default: up to WINDOW)."""
-        self.decoder, self.lengths = decoder, lengths
+        iteration (default: up to WINDOW); `boost`: the rows' key phrases (None: none has any)."""
+        self.decoder, self.lengths, self.boost = decoder, lengths, boost
         self.f = decoder.joint.enc(enc)
         b, frames = self.f.shape[:2]
         self.window = max(1, min(window or WINDOW, frames))
@@ -81,11 +89,15 @@ class GreedyPass:
         emit = first < w
         at_first = first.clamp(max=w - 1)
         label = labels.gather(1, at_first.unsqueeze(1)).squeeze(1)
+        scores = logits[self.rows, at_first]
+        if self.boost is not None:
+            label, node = self.boost.choose(scores, label)
+            self.boost.node.copy_(torch.where(emit, node, self.boost.node))
         t = self.t + first
         self.symbols.mul_(t == self.t)  # a new frame: its count starts over
         self.token[self.rows, self.count] = label
         self.frame[self.rows, self.count] = t
-        self.prob[self.rows, self.count] = top_probability(logits[self.rows, at_first])
+        self.prob[self.rows, self.count] = probability(scores, label)
         self.count.add_(emit)
         out, (h, c) = dec.predictor.step(label, self.h, self.c)
         self.h.copy_(torch.where(emit.view(1, -1, 1), h, self.h))
@@ -113,9 +125,13 @@ class GreedyPass:
         symbols = self.symbols[rows].masked_fill(t != t0, 0) + emit
         at_first = first.clamp(max=w - 1)
         who, label = rows[emit], labels.gather(1, at_first.unsqueeze(1)).squeeze(1)[emit]
+        scores = logits[emit, at_first[emit]]
+        if self.boost is not None and who.numel():
+            label, node = self.boost.choose(scores, label, who)
+            self.boost.node[who] = node
         at_count = self.count[who]
         self.token[who, at_count], self.frame[who, at_count] = label, t[emit]
-        self.prob[who, at_count] = top_probability(logits[emit, at_first[emit]])
+        self.prob[who, at_count] = probability(scores, label)
         self.count[who] = at_count + 1
         if who.numel():
             out, (h, c) = dec.predictor.step(label, self.h[:, who], self.c[:, who])
@@ -139,9 +155,10 @@ class GreedyPass:
         return torch.cat((self.packed(), self.prob.view(torch.int32)), dim=1)
 
 
-def top_probability(logits: torch.Tensor) -> torch.Tensor:
-    """[..., V] logits -> [...] the probability of the best label (its softmax), in float32."""
-    return logits.float().softmax(-1).amax(-1)
+def probability(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """[n, V] logits, [n] labels -> [n] each label's probability (its softmax), in float32; for the
+    argmax, the same value as the softmax's maximum."""
+    return logits.float().softmax(-1).gather(1, label.unsqueeze(1)).squeeze(1)
 
 
 def unpack(packed: np.ndarray) -> list[list[tuple[int, int]]]:

@@ -5,6 +5,7 @@ decoded block by block, pushed as fast as the engine takes it); as many files as
 slots are decoded together in its batches, many chunks a step, in the model's longest lookahead
 mode unless --lookahead says otherwise. Output: text, JSON, or SRT / WebVTT subtitles, printed or
 written to `--out DIR`. `--offline` runs the whole-utterance forward instead, for comparison.
+`--phrases FILE` boosts key phrases (names, products, jargon) in every file's decoding.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .. import subtitles
 from ..audio import AudioError, check_file, read_audio
 from ..engine import ASREngine
 from ..engine.options import add_engine_arguments, engine_options
+from ..engine.phrases import MAX_WEIGHT, Phrase, PhraseError, boosting_tree, check_phrases
 from ..engine.policy import bulk_lookahead
 from ..host import single_threaded_host
 from ..model.errors import ModelNotFound
@@ -122,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-line-chars", type=int, default=subtitles.MAX_LINE_CHARS,
                     help=f"subtitle line length (default {subtitles.MAX_LINE_CHARS})")
     ap.add_argument("--max-num-streams", type=int, default=32, help="files decoded together")
+    ap.add_argument("--phrases", type=Path, default=None, metavar="FILE",
+                    help="key phrases to boost: one per line, optionally followed by a TAB and a weight "
+                         f"(above 0, at most {MAX_WEIGHT:g}; default 1: the default boost, 2 twice it)")
     add_engine_arguments(ap)
     args = ap.parse_args(argv)
     single_threaded_host()
@@ -138,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         hint = "; --model demo (the bundled demo model) needs no network" if offline else ""
         print(f"parakeet-transcribe: error: {exc}{hint}", file=sys.stderr)
         return 2
+    try:
+        phrases = read_phrases(args.phrases, model) if args.phrases else ()
+    except (OSError, UnicodeDecodeError, PhraseError) as exc:
+        reason = exc.message if isinstance(exc, PhraseError) else getattr(exc, "strerror", None) or "not UTF-8 text"
+        print(f"parakeet-transcribe: error: --phrases {args.phrases}: {reason}", file=sys.stderr)
+        return 2
     if args.offline:
         audios, results = load_audios(args.files)
         if audios:
@@ -145,13 +156,32 @@ def main(argv: list[str] | None = None) -> int:
         for f in args.files:
             emit(results[f], None, args)
     else:
-        results = _transcribe_paths(args, model, lookahead)
+        results = _transcribe_paths(args, model, lookahead, phrases)
     return 1 if any(r.error for r in results.values()) else 0
+
+
+def read_phrases(path: Path, model: ParakeetModel) -> tuple[Phrase, ...]:
+    """A --phrases file: one phrase a line, `TEXT` or `TEXT<TAB>WEIGHT`; empty lines skipped.
+    PhraseError names the first problem, the model's token limit included."""
+    items = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        text, tab, weight = line.partition("\t")
+        if not text.strip() and not tab:
+            continue
+        try:
+            items.append((text, float(weight) if tab else None))
+        except ValueError:
+            raise PhraseError(f"line {n}: the weight after the TAB must be a number, got {weight!r}") from None
+    phrases = check_phrases(items)
+    boosting_tree(phrases, model.tokenizer)  # the streams build it again: here its errors come first
+    return phrases
 
 
 def output_problem(args: argparse.Namespace) -> str | None:
     """Why the output options cannot work together (and, with --out, the folder made)."""
     subtitle = args.format in ("srt", "vtt")
+    if args.phrases and args.offline:
+        return "--phrases boosts the streaming decoder: it does not apply to --offline"
     if subtitle and args.offline:
         return f"--format {args.format} needs word times, which --offline does not give"
     if args.out is None:
@@ -168,7 +198,7 @@ def output_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _transcribe_paths(args, model, lookahead) -> dict[str, Transcript]:
+def _transcribe_paths(args, model, lookahead, phrases: tuple[Phrase, ...]) -> dict[str, Transcript]:
     """The streaming path: files decoded block by block. With --out each file is written as soon
     as it is done; printed output comes in the order of the command line, at the end."""
     results, sources = {}, {}
@@ -189,7 +219,7 @@ def _transcribe_paths(args, model, lookahead) -> dict[str, Transcript]:
                     emit(results[name], transcript, args)
                 bar.update()
 
-            details = trio.run(transcribe_files, engine, sources, lookahead, done)
+            details = trio.run(transcribe_files, engine, sources, lookahead, done, phrases)
     for f in args.files:
         if args.out is None or f not in details:
             emit(results[f], details.get(f), args)

@@ -62,15 +62,17 @@ async def transcribe_files(
     sources: dict[str, Source],
     lookahead=None,
     on_done: Callable[[str, FileTranscript], None] = lambda name, transcript: None,
+    phrases: tuple = (),
 ) -> dict[str, FileTranscript]:
     """Every source as its own stream, as many at once as the engine has slots; a source is opened
-    once its turn has come, so that only the files being transcribed are open."""
+    once its turn has come, so that only the files being transcribed are open; every stream boosts
+    `phrases` (engine/phrases.py)."""
     slots = trio.CapacityLimiter(engine.stats()["max_num_streams"])
     out: dict[str, FileTranscript] = {}
 
     async def one(name: str, source: Source) -> None:
         async with slots:
-            out[name] = await _transcribe(engine, name, source, lookahead)
+            out[name] = await _transcribe(engine, name, source, lookahead, phrases)
         on_done(name, out[name])
 
     async with trio.open_nursery() as nursery:
@@ -79,7 +81,7 @@ async def transcribe_files(
     return out
 
 
-async def _transcribe(engine: ASREngine, name: str, source: Source, lookahead) -> FileTranscript:
+async def _transcribe(engine: ASREngine, name: str, source: Source, lookahead, phrases: tuple) -> FileTranscript:
     builder = TranscriptBuilder(engine.info)
 
     async def on_result(result) -> None:
@@ -87,7 +89,8 @@ async def _transcribe(engine: ASREngine, name: str, source: Source, lookahead) -
 
     try:
         await source.open()
-        samples = await feed_file(engine, source.read, on_result, int(BACKLOG_SECONDS * engine.info.sample_rate), lookahead)
+        samples = await feed_file(engine, source.read, on_result, int(BACKLOG_SECONDS * engine.info.sample_rate), lookahead,
+                                  phrases)
     except AudioError as exc:
         return FileTranscript(error=f"cannot read audio file {name}: {exc}")
     finally:

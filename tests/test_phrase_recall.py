@@ -1,0 +1,73 @@
+"""Key phrases through the engine with the bundled demo model, on espeak-ng speech made at test time
+(a part of scripts/phrase_eval.py's set): boosting recovers names the model misses, inserts none
+where they are not said, and a step mixing streams with and without phrases gives each stream its
+tokens, through the static batches (the CUDA graphs' stand-in) as eagerly."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import collect_until_final, tokens_of
+from test_demo_model import DEMO, synth
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from phrase_eval import all_phrases, contains, phrase_set  # noqa: E402
+
+from parakeet_stream.engine import ASREngine  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not (DEMO / "model.safetensors").is_file() or shutil.which("espeak-ng") is None,
+                                reason="needs weights/demo and espeak-ng (see test_demo_model.py)")
+
+# Measured on the shipped demo model (these 10 sentences, every phrase of phrase_eval.PHRASES boosted at
+# the default bonus): RECALL_PLAIN of them without boosting, RECALL_BOOSTED with; asserted with margins.
+RECALL_PLAIN, RECALL_BOOSTED = 0, 3
+PICKED = range(0, 40, 4)  # one sentence of every other phrase
+
+
+@pytest.fixture(scope="module")
+def audios():
+    with_items, without_items = phrase_set()
+    picked = [with_items[k] for k in PICKED]
+    return picked, [synth(item, seed=k) for k, item in enumerate(picked + without_items[:4])]
+
+
+def run_all(engine, audios, phrases_of) -> list[list]:
+    sids = [engine.create_stream(phrases=phrases_of(k)) for k in range(len(audios))]
+    for sid, audio in zip(sids, audios):
+        engine.push_audio(sid, audio)
+        engine.finalize(sid)
+    return [collect_until_final(engine, sid) for sid in sids]
+
+
+def test_boosting_recovers_missed_phrases_and_inserts_none(audios):
+    items, sounds = audios
+    phrases = all_phrases()
+    with ASREngine("demo", max_num_streams=8) as engine:
+        plain = run_all(engine, sounds, lambda k: ())
+        boosted = run_all(engine, sounds, lambda k: phrases)
+    text = [["".join(r.text for r in results) for results in run] for run in (plain, boosted)]
+    found = [sum(contains(t, item["phrase"]) > 0 for t, item in zip(run, items)) for run in text]
+    print("plain:", text[0], "\nboosted:", text[1], "\nfound:", found)
+    assert found[0] <= RECALL_PLAIN + 1 and found[1] >= RECALL_BOOSTED - 1 and found[1] > found[0]
+    inserted = sum(contains(t, p.text) for t in text[1][len(items):] for p in phrases)
+    assert inserted == 0
+
+
+def test_a_mixed_step_gives_each_stream_its_tokens_eagerly_and_through_static_batches(audios):
+    items, sounds = audios
+    phrases = all_phrases()
+    has = lambda k: phrases if k % 2 == 0 else ()  # noqa: E731
+    with ASREngine("demo", max_num_streams=8) as engine:
+        plain = [tokens_of(r) for r in run_all(engine, sounds, lambda k: ())]
+        eager = [tokens_of(r) for r in run_all(engine, sounds, has)]
+        alone = [tokens_of(run_all(engine, [sound], lambda _: has(k))[0]) for k, sound in enumerate(sounds)]
+    with ASREngine("demo", max_num_streams=8, max_batch=6, cuda_graphs=True) as engine:
+        static = [tokens_of(r) for r in run_all(engine, sounds, has)]
+        used = list(engine.runner.boosted_decoders.values())
+        assert sum(s.replays for s in used) > 0 and sum(s.eager_calls for s in used) == 0
+    assert eager == alone == static
+    assert all(eager[k] == plain[k] for k in range(1, len(sounds), 2))  # no phrases: as without boosting
+    assert any(eager[k] != plain[k] for k in range(0, len(sounds), 2))
