@@ -372,6 +372,23 @@ class SpyEngine:
         return [phrases for _, phrases in self.created]
 
 
+async def http_status(port: int, request: bytes, timeout: float = 5.0) -> int | None:
+    """Send raw bytes to an HTTP listener; the status of the answer (None: closed without one).
+    The server must close the connection after answering, within `timeout`."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    data = b""
+    async with stream:
+        with trio.fail_after(timeout):
+            try:
+                await stream.send_all(request)
+                while chunk := await stream.receive_some(65536):
+                    data += chunk
+            except trio.BrokenResourceError:
+                pass
+    match = re.match(rb"HTTP/1\.1 (\d+)", data)
+    return int(match.group(1)) if match else None
+
+
 # -- file uploads (HTTP) --------------------------------------------------------------
 
 TIMEOUT = 30

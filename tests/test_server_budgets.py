@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import socket
 import struct
 import subprocess
@@ -28,6 +27,7 @@ from helpers import (
     BareWebSocket,
     Raw,
     audio_messages,
+    http_status,
     http_get,
 )
 from wsproto.events import BytesMessage
@@ -373,10 +373,10 @@ async def test_malformed_input_gets_documented_answers_and_no_traceback(serve, s
     for target in ("http://[::1/", "/[", "//[x/"):
         assert (await http_get(http, target))[0] in (400, 404), target
     assert (await http_get(http, "http://[::1/"))[0] == 400
-    assert await _raw_http(http, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n") == 431
-    assert await _raw_http(http, b"\x16\x03\x01 not http at all\r\n\r\n") == 400
-    assert await _raw_http(server.ports["ws"], _upgrade("//[x/")) == 400
-    assert await _raw_http(server.ports["ws"], _upgrade("/", b"X-Big: " + b"a" * 20000 + b"\r\n")) in (400, 431)
+    assert await http_status(http, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n") == 431
+    assert await http_status(http, b"\x16\x03\x01 not http at all\r\n\r\n") == 400
+    assert await http_status(server.ports["ws"], _upgrade("//[x/")) == 400
+    assert await http_status(server.ports["ws"], _upgrade("/", b"X-Big: " + b"a" * 20000 + b"\r\n")) in (400, 431)
 
     # malformed WebSocket frames: close 1002
     for frame in (b"\x82\x02\x01\x00", b"\xf2\x80abcd", b"\x8f\x80abcd", b"\x89\xfe\x01\x00abcd" + b"\x00" * 256):
@@ -404,21 +404,6 @@ def _upgrade(path: str, extra: bytes = b"") -> bytes:
     ).encode() + extra + b"\r\n"
 
 
-async def _raw_http(port: int, request: bytes) -> int | None:
-    """Send raw bytes; the HTTP status of the answer (None: closed without one). The server must
-    close the connection after answering."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    data = b""
-    async with stream:
-        with trio.fail_after(5):
-            try:
-                await stream.send_all(request)
-                while chunk := await stream.receive_some(65536):
-                    data += chunk
-            except trio.BrokenResourceError:
-                pass
-    match = re.match(rb"HTTP/1\.1 (\d+)", data)
-    return int(match.group(1)) if match else None
 
 
 # -- 5. fuzz: tests/fuzz/ (every door) ----------------------------------------------------------

@@ -157,18 +157,3 @@ def text_frame(payload: bytes) -> bytes:
     return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
-async def http_exchange(port: int, request: bytes, timeout: float) -> int | None:
-    """Send raw bytes to the HTTP port; the status of the answer (None: closed without one).
-    The server must close the connection after answering, within `timeout`."""
-    stream = await open_stream(port)
-    data = b""
-    async with stream:
-        with trio.fail_after(timeout):
-            try:
-                await stream.send_all(request)
-                while chunk := await stream.receive_some(65536):
-                    data += chunk
-            except trio.BrokenResourceError:
-                pass
-    head = data.split(b"\r\n", 1)[0].split()
-    return int(head[1]) if len(head) > 1 and head[0] == b"HTTP/1.1" else None

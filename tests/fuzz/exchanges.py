@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import grpc
 import trio
-from helpers import Answer
+from helpers import Answer, http_status
 
 from .attack import ANSWER_TIMEOUT, Outcome
-from .clients import GONE, http_exchange, open_stream, reset
+from .clients import GONE, open_stream, reset
 from .hostile import MAX_UPLOAD, Attack
 from .hostile_uploads import Endless
 
@@ -209,5 +209,5 @@ def dechunk(body: bytes) -> bytes:
 
 
 async def http_request(ports: dict, attack: Attack) -> Outcome:
-    status = await http_exchange(ports["http"], attack.frames[0], ANSWER_TIMEOUT)
+    status = await http_status(ports["http"], attack.frames[0], ANSWER_TIMEOUT)
     return Outcome(messages=[status], status=f"http {status}")
