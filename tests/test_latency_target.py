@@ -86,7 +86,7 @@ def simulate(streams: int, learn: bool, seconds: float = 40.0, seed: int = 0) ->
         took = sum(round_seconds(sum(1 for n in rows if n > r)) for r in range(max(rows)))
         took *= float(rng.lognormal(0, SPREAD))
         now += took
-        timeline.idle(now)
+        timeline.settle(now)
         busy.append((now, took))
         cost.record_step(rows, took)
         if predicted is not None:

@@ -74,7 +74,7 @@ class ASREngine:
         elif max_num_streams == "auto":
             max_num_streams = auto_num_streams(model, self.device, model.encoder_dtype)
         self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_target, self.sample_rate, max_batch,
-                                   max_in_flight=DEPTH)
+                                   max_in_flight=DEPTH, lead=self._first_chunk_seconds(model))
         self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch, cuda_graphs)
         self.runner.capture()  # before the stage threads run: a capture must not overlap their work
         tok = model.tokenizer
@@ -124,6 +124,11 @@ class ASREngine:
     def chunk_seconds(self, lookahead: Lookahead | None = None) -> float:
         spec = self.model.encoder.chunk_spec(self._check_lookahead(lookahead or self.default_lookahead))
         return spec.chunk_frames * self.model.cfg.features.hop_length / self.sample_rate
+
+    def _first_chunk_seconds(self, model: ParakeetModel) -> float:
+        """Audio a new stream sends before its first chunk is ready, in its quickest mode."""
+        first = min(model.encoder.chunk_spec(mode).first_frames for mode in model.cfg.encoder.att_context_sizes)
+        return (first - 1) * model.cfg.features.hop_length / self.sample_rate
 
     def _check_lookahead(self, lookahead) -> Lookahead:
         try:

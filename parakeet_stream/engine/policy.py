@@ -24,8 +24,9 @@ first live chunk arrived or the live work before it was done). A step with bulk 
 - at most BULK_DELAY (a fraction of a one-stream step) after the live clock says its live
   chunks, and the next live arrival that real-time pacing predicts (a late one counts as coming
   now, until a budget late), would be served without bulk work.
-Bulk work also waits while a step with live chunks is in flight: the stages of two steps in
-flight share the machine (on a CPU, its cores). Measured on the live clock, delays do not add up
+A step of bulk work alone also waits while a step with live chunks is in flight: the stages of
+two steps in flight share the machine (on a CPU, its cores); bulk work may still ride along in the
+next live step. Measured on the live clock, delays do not add up
 over a run of busy steps: bulk work holds any live chunk at most BULK_DELAY (beyond prediction
 errors) and never past its deadline. It fills the gaps between live steps and rides along in
 live steps only where that costs them little. Bulk work is never starved on an idle model: when
@@ -56,9 +57,10 @@ class StepCost:
     """Measured seconds of one round by its batch (moving average), to predict steps not yet run.
 
     A step of one chunk per stream is one round; a step whose streams take several chunks runs
-    them in rounds, one after the other (model_runner.py). Seconds are wall time from scheduling
-    to results, so a step that queued behind the one in flight counts its wait: predictions err
-    long, and bulk work takes less room than it could, never more.
+    them in rounds, one after the other (model_runner.py). Seconds are the model's time for a
+    step: from scheduling (or, if it queued behind the step before, from that one's end) to
+    results, what the Timeline adds end to end. Counting the wait too would count it twice, and
+    make steps that overlap look dearer the more they overlap.
     """
 
     def __init__(self, alpha: float = 0.3):
@@ -129,32 +131,39 @@ class Timeline:
             return max(now, self.live_free_at)
         return max(min(t for t, _ in live), self.live_free_at) + cost.step([max(c, 1) for _, c in live])
 
-    def add(self, live: list[tuple[float, int]], chunks: list[int], now: float, cost: StepCost) -> None:
-        """A step was handed to the model: its live chunks and every stream's chunks."""
+    def add(self, live: list[tuple[float, int]], chunks: list[int], now: float, cost: StepCost) -> float:
+        """A step was handed to the model: its live chunks and every stream's chunks. Returns its predicted seconds."""
         if live:
             self.live_free_at = self.live_done(live, now, cost)
-        self.free_at = max(now, self.free_at) + cost.step([max(c, 1) for c in chunks])
+        seconds = cost.step([max(c, 1) for c in chunks])
+        self.free_at = max(now, self.free_at) + seconds
+        return seconds
 
-    def idle(self, now: float) -> None:
-        """Nothing is in flight: no work is pending, whatever the predictions said."""
-        self.free_at = now
-        self.live_free_at = min(self.live_free_at, now)
+    def settle(self, now: float, pending: float = 0.0) -> None:
+        """A step is done; `pending`: the predicted seconds of the steps still in flight. Predictions
+        are reset to what is known, so their errors do not add up while the model never falls idle
+        (a step's measured cost holds its wait behind the one in flight: added end to end, the
+        predicted ends would run away from the real ones)."""
+        self.free_at = now + pending
+        self.live_free_at = min(self.live_free_at, self.free_at)
 
 
 def decide(ready: list[Ready[T]], upcoming: list[float], backlogs: list[Backlog[T]], live_streams: int, now: float,
            timeline: Timeline, cost: StepCost, budget: float, max_batch: int, max_rounds: int, loaded: bool,
-           live_in_flight: bool) -> tuple[list[tuple[T, int]], float | None]:
+           live_in_flight: bool, lead: float = 0.0, busy: bool = False) -> tuple[list[tuple[T, int]], float | None]:
     """The next step as (stream, chunks to take) pairs: live streams by `plan`, each taking its
     ready chunks up to `max_rounds`, then bulk work by `fill`; or ([], seconds to wait before
     deciding again, None: until something changes). loaded: the model is idle but loaded (see
-    `plan`'s align); live_in_flight: a step with live chunks is in flight, and bulk work waits for
-    it (the stages of two steps in flight share the machine: on a CPU, the cores); the other
-    arguments are `fill`'s."""
-    backlogs = [] if live_in_flight else backlogs
+    `plan`'s align); live_in_flight: a step with live chunks is in flight, and a step of bulk work
+    alone waits for it (the stages of two steps in flight share the machine: on a CPU, the cores);
+    the other arguments are `fill`'s."""
     live, timeout = plan(ready, upcoming, now, cost, budget, max_batch, align=loaded and not backlogs)
+    if live_in_flight and not live:  # bulk work rides along in a live step, or waits for the live one in flight
+        backlogs = []
     by_item = {r.item: r for r in ready}
     chunks = [(by_item[item].ready_at, min(by_item[item].chunks, max_rounds)) for item in live]
-    bulk, wait = fill(backlogs, chunks, upcoming, live_streams, now, timeline, cost, budget, max_batch, max_rounds)
+    bulk, wait = fill(backlogs, chunks, upcoming, live_streams, now, timeline, cost, budget, max_batch, max_rounds, lead,
+                      busy or live_in_flight)
     if live or bulk:
         return [(item, max_rounds) for item in live] + bulk, None
     return [], min((t for t in (timeout, wait) if t is not None), default=None)
@@ -190,12 +199,13 @@ def plan(ready: list[Ready[T]], upcoming: list[float], now: float, cost: StepCos
 
 def fill(backlogs: list[Backlog[T]], live: list[tuple[float, int]], upcoming: list[float], live_streams: int,
          now: float, timeline: Timeline, cost: StepCost, budget: float, max_batch: int, max_rounds: int,
-         ) -> tuple[list[tuple[T, int]], float | None]:
+         lead: float = 0.0, busy: bool = False) -> tuple[list[tuple[T, int]], float | None]:
     """Bulk work for the next step, after its live chunks (see the module docstring).
 
     backlogs: bulk streams with work; live: (ready_at, chunks) of the live streams in the step;
     upcoming: predicted arrivals of the other live streams' next chunks; live_streams: live
-    streams running; timeline: the work in flight.
+    streams running; timeline: the work in flight; lead: seconds of audio a new live stream sends
+    before its first chunk is ready (0: it may come at once); busy: a step is in flight.
     Returns ([(stream, chunks to take)], None), or, when no bulk work fits, ([], seconds to wait
     before deciding again: until the earliest predicted live arrival is stale) or ([], None).
     """
@@ -207,13 +217,18 @@ def fill(backlogs: list[Backlog[T]], live: list[tuple[float, int]], upcoming: li
     live_chunks = [max(c, 1) for _, c in live]
     # a chunk late on its prediction is still coming (a client's pacing jitters) until a budget has passed
     due = [t for t in upcoming if t > now - budget]
-    end = _latest_end(live, due, live_streams, now, timeline.live_done(live, now, cost), cost, budget)
+    end = _latest_end(live, due, live_streams, now, timeline.live_done(live, now, cost), cost, budget, lead)
     queue = sorted(backlogs, key=lambda b: b.since)[:room]
 
     def fits(rows: int, rounds: int) -> bool:
         bulk = [min(max(b.chunks, 1), rounds) for b in queue[:rows]]
         return start + cost.step(live_chunks + bulk) <= end
 
+    if busy and not live and not due and not fits(len(queue), 1):
+        # the model is busy: a step of every bulk stream follows the work in flight once the clock
+        # lets it (or once it is done), rather than a narrow one now (the widest batch is the cheapest per chunk)
+        wait = start + cost.step([1] * len(queue)) - end
+        return [], max(wait, 0.0005) if now + wait < start else None
     rows = _most(lambda n: fits(n, 1), len(queue))  # the largest batch first,
     if rows == 0:
         if live or due or start > now:  # room comes once that live work or the work in flight is done
@@ -228,14 +243,14 @@ def fill(backlogs: list[Backlog[T]], live: list[tuple[float, int]], upcoming: li
 
 
 def _latest_end(live: list[tuple[float, int]], due: list[float], live_streams: int, now: float,
-                live_done: float, cost: StepCost, budget: float) -> float:
+                live_done: float, cost: StepCost, budget: float, lead: float) -> float:
     """When a step carrying bulk work must be done; live_done: when the live clock says its live
     chunks (or, with none, the live work before it) would be done without bulk work."""
-    # a live chunk nobody foresaw (a new stream, a final) that arrives now is served by the next step in time
-    end = now + budget - GRACE - cost(live_streams + 1)
     tolerance = BULK_DELAY * cost(1)  # a live chunk takes at least a step of its own: at most BULK_DELAY more
-    if live:
-        end = min(end, min(t for t, _ in live) + budget, live_done + tolerance)
+    if live:  # a live chunk nobody foresaw waits for this step's live work anyway: bulk work adds the tolerance
+        end = min(min(t for t, _ in live) + budget, live_done + tolerance)
+    else:  # one that arrives now (a final; with no live stream, a new stream's first, `lead` away) is served in time
+        end = now + budget - GRACE - cost(live_streams + 1) + (0.0 if live_streams else lead)
     if due:  # the next live arrival, served when it comes (now, if late) or when the live work before it is done
         end = min(end, max(live_done, min(max(t, now) for t in due) - GRACE) + tolerance)
     return end

@@ -25,8 +25,10 @@ BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
 
 class Scheduler:
     def __init__(self, max_num_streams: int, max_queue: int, target: float, sample_rate: int,
-                 max_batch: int | None = None, max_in_flight: int = 1, max_chunks_per_step: int = 8):
-        """target: the latency target, seconds (latency.py)."""
+                 max_batch: int | None = None, max_in_flight: int = 1, max_chunks_per_step: int = 8,
+                 lead: float = 0.0):
+        """target: the latency target, seconds (latency.py); lead: seconds of audio a new live
+        stream sends before its first chunk is ready (the shortest over the model's modes)."""
         self.max_num_streams = max_num_streams
         self.max_queue = max_queue
         self.latency = LatencyTarget(target)
@@ -34,12 +36,13 @@ class Scheduler:
         self.max_batch = max_batch or max_num_streams
         self.max_in_flight = max_in_flight
         self.max_chunks_per_step = max_chunks_per_step
+        self.lead = lead
         self.cost = StepCost()
         self.free: deque[int] = deque(range(max_num_streams))
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
-        self._steps_in_flight = 0
-        self._live_steps_in_flight = 0  # of them, steps with live chunks
+        self._in_flight: list[Step] = []
+        self._last_done = 0.0  # when the last step was done
         self._timeline = Timeline()  # when the steps in flight are predicted to be done
         self._busy: deque[tuple[float, float]] = deque()  # (end, seconds) of recent steps
         self._stopped = False
@@ -96,7 +99,7 @@ class Scheduler:
         with self._cv:
             while not self._stopped:
                 timeout = None
-                if self._steps_in_flight < self.max_in_flight:
+                if len(self._in_flight) < self.max_in_flight:
                     now = time.monotonic()
                     step, timeout = self._plan(now)
                     if step is not None:
@@ -108,16 +111,16 @@ class Scheduler:
         """A step is done (or failed). Returns (streams that failed now, streams whose slot or queue place changed)."""
         now = time.monotonic()
         with self._cv:
-            self._steps_in_flight -= 1
-            self._live_steps_in_flight -= _has_live(step)
-            # wall time from scheduling to results: what a deadline sees (queueing behind the other step included)
-            seconds = now - step.started
+            self._in_flight = [s for s in self._in_flight if s is not step]
+            # from scheduling, or from the end of the step before it if it queued behind one, to results:
+            # the model's time for it, as the Timeline adds steps end to end (the wait is the step before's)
+            seconds = now - max(step.started, self._last_done)
+            self._last_done = now
             if not failed:
                 self.cost.record_step([max(item.chunks, 1) for item in step], seconds)
                 if step.predicted_end is not None:
                     self.latency.step_done(now - step.predicted_end)
-            if self._steps_in_flight == 0:
-                self._timeline.idle(now)
+            self._timeline.settle(now, sum(s.predicted_seconds for s in self._in_flight))
             self._busy.append((now, sum(step.seconds.values())))
             newly_failed, changed = [], []
             for item in step:
@@ -159,16 +162,16 @@ class Scheduler:
     def _plan(self, now: float) -> tuple[Step | None, float | None]:
         """The next step by the policy, or (None, seconds to wait before deciding again)."""
         ready, upcoming, backlogs, live_streams = self._candidates(now)
-        loaded = self._steps_in_flight == 0 and LOADED <= self._busy_fraction(now) < SATURATED
+        loaded = not self._in_flight and LOADED <= self._busy_fraction(now) < SATURATED
         chosen, timeout = decide(ready, upcoming, backlogs, live_streams, now, self._timeline, self.cost,
                                  self.latency.budget, self.max_batch, self.max_chunks_per_step, loaded,
-                                 self._live_steps_in_flight > 0)
+                                 any(map(_has_live, self._in_flight)), self.lead, bool(self._in_flight))
         if not chosen:
             return None, timeout
         step = self._make_step(chosen, now)
         ready_at = {r.item: r.ready_at for r in ready}
         live = [(ready_at[item.seq], item.chunks) for item in step if not item.seq.bulk]
-        self._timeline.add(live, [item.chunks for item in step], now, self.cost)
+        step.predicted_seconds = self._timeline.add(live, [item.chunks for item in step], now, self.cost)
         if live and self.cost.measured:  # (unmeasured, a step is predicted to cost nothing)
             step.predicted_end = self._timeline.free_at
         return step, None
@@ -212,8 +215,7 @@ class Scheduler:
             seq.in_flight += 1
             items.append(StepItem(seq, seq.slot, len(times), last, first, times, seq.final_at, upto))
         step = Step(items, now)
-        self._steps_in_flight += 1
-        self._live_steps_in_flight += _has_live(step)
+        self._in_flight.append(step)
         return step
 
     def _busy_fraction(self, now: float) -> float:

@@ -53,6 +53,7 @@ class Step:
     items: list[StepItem]
     started: float
     predicted_end: float | None = None  # a step with live chunks: when the Scheduler expected it done
+    predicted_seconds: float = 0.0  # what the Scheduler's timeline counted for it
     seconds: dict[str, float] = field(default_factory=dict)  # time spent in each stage
     batches: list[Batch] = field(default_factory=list)  # pre-encode: round by round, each round's modes
     results: list[tuple[Sequence, StreamResult]] = field(default_factory=list)  # built after decode
