@@ -18,15 +18,19 @@ Bulk chunks (`fill`): after the live chunks, a step takes bulk work at the large
 (rounds) as fit. A `Timeline` keeps two predicted clocks: when the work handed to the model is
 done, and when its live part alone would be (the step without its bulk work, started when its
 first live chunk arrived or the live work before it was done). A step with bulk work must end
-- by every live deadline: its own live chunks' and, for a live chunk that arrives just as it
-  starts (a new stream, a final: not foreseen), early enough that the next step still serves it
-  within the budget;
+- with live chunks in it: by their deadlines (a live chunk nobody foresaw, a final, waits for its
+  live work anyway);
+- without: early enough that a live chunk nobody foresaw, arriving just as it starts, is still
+  served by the next step within the budget; with no live stream running, that chunk is a new
+  stream's first, which comes no sooner than `lead` (the audio it needs) from now;
 - at most BULK_DELAY (a fraction of a one-stream step) after the live clock says its live
   chunks, and the next live arrival that real-time pacing predicts (a late one counts as coming
   now, until a budget late), would be served without bulk work.
 A step of bulk work alone also waits while a step with live chunks is in flight: the stages of
 two steps in flight share the machine (on a CPU, its cores); bulk work may still ride along in the
-next live step. Measured on the live clock, delays do not add up
+next live step. Behind bulk work in flight, the next bulk step waits until a round of every bulk
+stream fits rather than start a narrow one: the widest batch is the cheapest per chunk, and the
+model is busy meanwhile. Measured on the live clock, delays do not add up
 over a run of busy steps: bulk work holds any live chunk at most BULK_DELAY (beyond prediction
 errors) and never past its deadline. It fills the gaps between live steps and rides along in
 live steps only where that costs them little. Bulk work is never starved on an idle model: when
