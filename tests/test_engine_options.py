@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import inspect
 
+import numpy as np
 import pytest
 import torch
 
 from parakeet_stream import host
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine import options
+from parakeet_stream.engine.model_runner import ModelRunner
 from parakeet_stream.model.conformer import EncoderCache
+
+from helpers import run_stream
 
 
 def test_flags_become_engine_keyword_arguments():
@@ -41,3 +45,20 @@ def test_only_the_encode_stage_gets_an_openmp_team_on_cpu():
     assert host.stage_threads(cpu, encoder=True) == host.usable_cores()
     assert host.stage_threads(cpu, encoder=False, threads=3) == 1
     assert host.stage_threads(torch.device("cuda"), encoder=True, threads=3) is None
+
+
+def test_each_stage_thread_runs_with_its_own_openmp_team(eou_model, monkeypatch):
+    """The team sizes the stage threads set are the ones their work runs with (a thread's first
+    query of its team used to reset it to the size another thread set last: the encoder ran on one)."""
+    seen: dict[str, int] = {}
+    for name in ("pre_encode", "encode", "decode"):
+        run = getattr(ModelRunner, name)
+
+        def counted(self, step, run=run, name=name):
+            seen[name] = torch.get_num_threads()
+            return run(self, step)
+
+        monkeypatch.setattr(ModelRunner, name, counted)
+    with ASREngine(eou_model, "cpu", max_num_streams=2, threads=2) as engine:
+        run_stream(engine, np.zeros(16000, np.float32))
+    assert seen == {"pre_encode": 1, "encode": 2, "decode": 1}
