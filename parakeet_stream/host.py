@@ -21,13 +21,14 @@ def stage_threads(device: torch.device, encoder: bool, threads: int | None = Non
     """Intra-op threads of one engine stage thread; None: leave torch's default (off CPU).
 
     On CPU each thread has its own OpenMP team. Only the encoder's big matmuls gain from one
-    (`threads`, default every usable core); decoding is thousands of tiny ops (a fork/join each
-    would cost more than the op), and a second team beside the encoder's would leave both
-    waiting at barriers for threads the other one preempted.
+    (`threads`, default every usable core but one: the pre-encode and decode threads and the
+    server run on that one); decoding is thousands of tiny ops (a fork/join each would cost more
+    than the op), and a second team beside the encoder's would leave both waiting at barriers
+    for threads the other one preempted.
     """
     if device.type != "cpu":
         return None
-    return (threads or usable_cores()) if encoder else 1
+    return (threads or max(1, usable_cores() - 1)) if encoder else 1
 
 
 def usable_cores() -> int:
