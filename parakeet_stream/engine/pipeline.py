@@ -60,6 +60,9 @@ class Pipeline:
 
     def _loop(self, stage: Stage, take: Callable, out: queue.Queue | None) -> None:
         if stage.threads is not None:  # per thread: on CPU each thread has its own OpenMP team
+            # a thread's first get initialises its team from the process-wide count that the other
+            # stages set last (1): done first here, so the count set next is the one that stays
+            torch.get_num_threads()
             torch.set_num_threads(stage.threads)
         if stage.setup is not None:
             stage.setup()
