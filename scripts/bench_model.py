@@ -73,6 +73,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="weights/random-small")
     ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--files", type=int, nargs="*", default=[1, 8], help="file counts to time the engine's RTFx at")
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 8, 16, 32], help="batch sizes to time the step at")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_model.json")
     add_engine_arguments(ap)
     args = ap.parse_args()
@@ -81,11 +83,11 @@ def main() -> None:
     threads = args.threads or usable_cores()
     out = {"model": args.model, "dtype": args.dtype, "quantize": args.quantize, "threads": threads,
            "compile": args.compile, "rtfx": {}, "encoder_step_ms": {}}
-    for b in (1, 8):
+    for b in args.files:
         out["rtfx"][b] = rtfx(model, b, args.seconds, args.compile)
         print(f"RTFx batch {b}: {out['rtfx'][b]:.1f}", flush=True)
     torch.set_num_threads(threads)
-    for b in (1, 4, 8, 16, 32):
+    for b in args.batches:
         out["encoder_step_ms"][b] = step_ms(model, b, compile=args.compile)
         print(f"encoder step batch {b}: {out['encoder_step_ms'][b]}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
