@@ -1,9 +1,6 @@
 """Model-level speed: RTFx of streaming transcription (files batched) and encoder stream-step time.
 
-    python scripts/bench_model.py --model weights/random-small --seconds 60 [--dtype float16 | --quantize int8] [--compile]
-
-With --compile the engine's encoder layers are compiled (torch.compile) and the step times are
-those of the layers compiled for each batch size; each size's compile time is reported beside them.
+    python scripts/bench_model.py --model weights/random-small --seconds 60 [--dtype float16 | --quantize int8]
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ import torch
 from bench_engine import speech
 from parakeet_stream.model.conformer import EncoderCache
 from parakeet_stream.engine import ASREngine
-from parakeet_stream.engine.compiled import compile_layers
 from parakeet_stream.engine.options import add_engine_arguments
 from parakeet_stream.host import single_threaded_host, usable_cores
 from parakeet_stream.model.loading import load_model
@@ -30,9 +26,9 @@ from parakeet_stream.tools.transcribe import transcribe_streaming
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def rtfx(model: ParakeetModel, batch: int, seconds: float, compile: bool = False) -> float:
+def rtfx(model: ParakeetModel, batch: int, seconds: float) -> float:
     audios = {f"file{i}": speech(seconds, i) for i in range(batch)}
-    with ASREngine(model, max_num_streams=batch, dtype=model.encoder_dtype, compile=compile) as engine:
+    with ASREngine(model, max_num_streams=batch, dtype=model.encoder_dtype) as engine:
         t0 = time.perf_counter()
         transcribe_streaming(engine, audios)
         wall = time.perf_counter() - t0
@@ -40,7 +36,7 @@ def rtfx(model: ParakeetModel, batch: int, seconds: float, compile: bool = False
 
 
 @torch.inference_mode()
-def step_ms(model: ParakeetModel, batch: int, repeats: int = 20, compile: bool = False) -> dict:
+def step_ms(model: ParakeetModel, batch: int, repeats: int = 20) -> dict:
     lookahead = model.cfg.default_lookahead
     spec = model.encoder.chunk_spec(lookahead)
     feats = torch.randn(batch, spec.window, model.cfg.features.n_mels).to(model.encoder_dtype)
@@ -49,32 +45,23 @@ def step_ms(model: ParakeetModel, batch: int, repeats: int = 20, compile: bool =
     cache = EncoderCache.zeros(model.cfg.encoder, batch, dtype=model.encoder_dtype)
     cache.length.fill_(lookahead[0])
     slots = torch.arange(batch)
-    layers = model.encoder.stream_layers
-    out = {}
-    if compile:  # the first call compiles for this batch size
-        layers = compile_layers(layers, graphs=64)
-        t0 = time.perf_counter()
-        layers(*model.encoder.stream_pre_encode(feats, lengths, start, lookahead), cache, slots, lookahead)
-        out["compile_s"] = time.perf_counter() - t0
     times = {"pre_encode": [], "layers": []}
     for i in range(repeats + 3):
         t0 = time.perf_counter()
         x, lens = model.encoder.stream_pre_encode(feats, lengths, start, lookahead)
         t1 = time.perf_counter()
-        layers(x, lens, cache, slots, lookahead)
+        model.encoder.stream_layers(x, lens, cache, slots, lookahead)
         t2 = time.perf_counter()
         if i >= 3:
             times["pre_encode"].append(t1 - t0)
             times["layers"].append(t2 - t1)
-    return out | {k: float(np.median(v) * 1000) for k, v in times.items()}
+    return {k: float(np.median(v) * 1000) for k, v in times.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="weights/random-small")
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--files", type=int, nargs="*", default=[1, 8], help="file counts to time the engine's RTFx at")
-    ap.add_argument("--batches", type=int, nargs="*", default=[1, 8, 16, 32], help="batch sizes to time the step at")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_model.json")
     add_engine_arguments(ap)
     args = ap.parse_args()
@@ -82,13 +69,13 @@ def main() -> None:
     model = set_precision(load_model(args.model), args.dtype, args.quantize)
     threads = args.threads or usable_cores()
     out = {"model": args.model, "dtype": args.dtype, "quantize": args.quantize, "threads": threads,
-           "compile": args.compile, "rtfx": {}, "encoder_step_ms": {}}
-    for b in args.files:
-        out["rtfx"][b] = rtfx(model, b, args.seconds, args.compile)
+           "rtfx": {}, "encoder_step_ms": {}}
+    for b in (1, 8):
+        out["rtfx"][b] = rtfx(model, b, args.seconds)
         print(f"RTFx batch {b}: {out['rtfx'][b]:.1f}", flush=True)
     torch.set_num_threads(threads)
-    for b in args.batches:
-        out["encoder_step_ms"][b] = step_ms(model, b, compile=args.compile)
+    for b in (1, 4, 8, 16, 32):
+        out["encoder_step_ms"][b] = step_ms(model, b)
         print(f"encoder step batch {b}: {out['encoder_step_ms'][b]}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))

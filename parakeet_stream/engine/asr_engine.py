@@ -56,12 +56,10 @@ class ASREngine:
         latency_target: float = DEFAULT_TARGET,
         threads: int | None = None,
         cuda_graphs: bool | None = None,
-        compile: bool = False,
     ):
         """max_batch: most streams per step (default: every slot on CPU; sized to memory on CUDA,
         memory.py); latency_target: seconds, p95 from a chunk's last sample to its result taken
-        (latency.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA);
-        compile: the encoder layers compiled by torch.compile at start-up (compiled.py)."""
+        (latency.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA)."""
         self.device = torch.device(device)
         check_precision(self.device, dtype, quantize)  # before any weights move
         if not isinstance(model, ParakeetModel):
@@ -77,9 +75,8 @@ class ASREngine:
             max_num_streams = auto_num_streams(model, self.device, model.encoder_dtype)
         self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_target, self.sample_rate, max_batch,
                                    max_in_flight=DEPTH, lead=self._first_chunk_seconds(model))
-        self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch, cuda_graphs, compile)
-        # before the stage threads run: a capture must not overlap their work
-        self.runner.capture(stage_threads(self.device, encoder=True, threads=threads))
+        self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch, cuda_graphs)
+        self.runner.capture()  # before the stage threads run: a capture must not overlap their work
         tok = model.tokenizer
         endpoint_frames = max(1, round(endpoint_seconds / model.frame_seconds))
         self.results = ResultBuilder(model.frame_seconds, tok.eou_id if tok else None, endpoint_frames)

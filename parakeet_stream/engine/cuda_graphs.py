@@ -22,7 +22,6 @@ its static inputs. Rules that keep it right:
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Callable, Iterator
 
@@ -81,7 +80,7 @@ def loop_guard(device: torch.device) -> Guard:
 
 
 class StaticBatches:
-    """`fn(*inputs, guard=...)` over row batches, at `sizes` (default `graph_sizes(max_batch)`).
+    """`fn(*inputs, guard=...)` over row batches, at the sizes of `graph_sizes(max_batch)`.
 
     `inputs(n)` makes example inputs of n rows (their shapes and dtypes are the static ones);
     `padding` gives, per input, the value of padding rows (None: left as they are). `fn` returns one
@@ -89,9 +88,9 @@ class StaticBatches:
     """
 
     def __init__(self, name: str, fn: Callable, inputs: Callable[[int], tuple[torch.Tensor, ...]],
-                 padding: tuple, max_batch: int, graphs: bool, pool=None, sizes: list[int] | None = None):
+                 padding: tuple, max_batch: int, graphs: bool, pool=None):
         self.name, self.fn, self.padding, self.graphs, self.pool = name, fn, padding, graphs, pool
-        self.sizes = sizes or graph_sizes(max_batch)
+        self.sizes = graph_sizes(max_batch)
         self.static = tuple(t.clone() for t in inputs(max_batch))
         for t, pad in zip(self.static, padding):
             if pad is not None:
@@ -99,15 +98,11 @@ class StaticBatches:
         self.out: torch.Tensor | None = None
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.replays = self.eager_calls = 0
-        self.capture_seconds: dict[int, float] = {}  # per size: its warm-up and capture (or compile)
 
     def capture(self, guard: Guard = if_node) -> None:
         """Every size, largest first (the static output is sized by the largest)."""
         for size in reversed(self.sizes):
-            start = time.perf_counter()
             self._capture(size, guard)
-            self.capture_seconds[size] = time.perf_counter() - start
-            log.debug("%s: batch %d ready in %.2f s", self.name, size, self.capture_seconds[size])
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         n = inputs[0].size(0)

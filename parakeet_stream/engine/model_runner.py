@@ -10,15 +10,13 @@ As nano-vllm's ModelRunner.run, it decides nothing (the Scheduler chose the step
 nothing (the engine turns tokens into results and publishes them). On CUDA each stage runs on
 its own stream (streams.py), the encoder layers and the greedy pass replay CUDA graphs captured
 at start-up (cuda_graphs.py), and the host never waits for the device but for the step's tokens.
-With `compile` the encoder layers run compiled by torch.compile, at fixed batch sizes (compiled.py).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from functools import partial
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -32,7 +30,6 @@ from ..model.parakeet import ParakeetModel
 from ..model.rnnt import DecoderState
 from . import chunker
 from .chunker import Window
-from .compiled import buckets, compile_layers
 from .cuda_graphs import StaticBatches, loop_guard, unconditional
 from .phrases import LIMITS
 from .step import Batch, Step, StepItem
@@ -42,39 +39,34 @@ STAGES = ["pre-encode", "encode", "decode"]
 
 
 class ModelRunner:
-    def __init__(self, model: ParakeetModel, slots: int, max_batch: int, graphs: bool | None = None,
-                 compile: bool = False):
+    def __init__(self, model: ParakeetModel, slots: int, max_batch: int, graphs: bool | None = None):
         """graphs: replay the encoder and the decoder from static batches (default: on CUDA, as CUDA
-        graphs; True on CPU runs their eager stand-in, to test the bookkeeping); compile: the encoder
-        layers compiled (torch.compile), called as static batches at `buckets` sizes."""
+        graphs; True on CPU runs their eager stand-in, to test the bookkeeping)."""
         self.model = model
         self.device = model.features.fb.device
         self.slots, self.max_batch = slots, max_batch
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
-        self.compile = compile
         self.cache, self.decoder_state, self.boost = self.allocate_pools(slots)
         self.streams = StageStreams(self.device, STAGES)
         self.encoders: dict[Lookahead, StaticBatches] = {}
         self.decoders: dict[Lookahead, StaticBatches] = {}
         self.boosted_decoders: dict[Lookahead, StaticBatches] = {}  # batches where a stream has phrases
-        if self.graphs or self.compile:
+        if self.graphs:
             self._static_batches()
 
     def allocate_pools(self, slots: int) -> tuple[EncoderCache, DecoderState, BoostPool]:
         """Encoder caches, decoder states and boosting trees of every slot, allocated once as
         [layers, slots, ...] (with static batches one more: the scratch slot, index `slots`, that
         padding rows write to)."""
-        rows = slots + (1 if self.graphs or self.compile else 0)
+        rows = slots + (1 if self.graphs else 0)
         cache = EncoderCache.zeros(self.model.cfg.encoder, rows, self.device, self.model.encoder_dtype)
         starts = word_starts(self.model.tokenizer, self.model.decoder.blank + 1)
         return cache, self.model.decoder.state_pool(rows, self.device), BoostPool(rows, LIMITS, self.device, starts)
 
-    def capture(self, threads: int | None = None) -> None:
-        """Capture every CUDA graph and compile every compiled size (every mode, every size), before
-        the stage threads start; `threads`: the encode stage's intra-op threads on CPU, which
-        inductor's CPU kernels are generated for."""
+    def capture(self) -> None:
+        """Capture every CUDA graph (every mode, every size), before the stage threads start."""
         guard = loop_guard(self.device) if self.device.type == "cuda" else unconditional
-        with torch.inference_mode(), _on(self.device), _threads(threads):
+        with torch.inference_mode(), _on(self.device):
             for static in [*self.encoders.values(), *self.decoders.values(), *self.boosted_decoders.values()]:
                 static.capture(guard)
 
@@ -176,13 +168,9 @@ class ModelRunner:
         """The encoder layers and the greedy pass of every mode as static batches; the graphs of each
         stage share one memory pool (a stage's replays never overlap: they run on its one stream)."""
         cuda = self.device.type == "cuda"
-        graphs = cuda and self.graphs
-        pools = {stage: torch.cuda.graph_pool_handle() if graphs else None for stage in ("encode", "decode")}
+        pools = {stage: torch.cuda.graph_pool_handle() if cuda else None for stage in ("encode", "decode")}
         d, scratch = self.model.cfg.encoder.d_model, self.slots
-        modes = self.model.cfg.encoder.att_context_sizes
-        sizes = buckets(self.max_batch) if self.compile else None
-        layers = compile_layers(self._layers, len(sizes) * len(modes)) if self.compile else self._layers
-        for mode in modes:
+        for mode in self.model.cfg.encoder.att_context_sizes:
             frames = self.model.encoder.chunk_spec(mode).out_frames
 
             def inputs(n: int, dtype: torch.dtype, frames=frames):
@@ -190,11 +178,9 @@ class ModelRunner:
                 return torch.zeros(n, frames, d, device=self.device, dtype=dtype), rows, rows.clone()
 
             padding = (None, 0, scratch)  # padding rows: no valid frame, the scratch slot
-            self.encoders[mode] = StaticBatches(f"encode {mode}", partial(layers, mode=mode),
+            self.encoders[mode] = StaticBatches(f"encode {mode}", partial(self._layers, mode=mode),
                                                 partial(inputs, dtype=self.model.encoder_dtype), padding,
-                                                self.max_batch, graphs, pools["encode"], sizes)
-            if not self.graphs:
-                continue
+                                                self.max_batch, cuda, pools["encode"])
             self.decoders[mode] = StaticBatches(f"decode {mode}", self._greedy, partial(inputs, dtype=torch.float32),
                                                 padding, self.max_batch, cuda, pools["decode"])
             self.boosted_decoders[mode] = StaticBatches(f"decode+phrases {mode}", self._boosted_greedy,
@@ -219,17 +205,6 @@ class ModelRunner:
             flat = host
         parts = np.split(flat.numpy(), np.cumsum([p.numel() for p in packed])[:-1])
         return [part.reshape(p.shape) for part, p in zip(parts, packed)]
-
-
-@contextmanager
-def _threads(threads: int | None) -> Iterator[None]:
-    """torch's intra-op threads set to `threads` (None: left as they are) for the block."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _on(device: torch.device):

@@ -24,9 +24,6 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
                     help="encoder precision (default auto: the fastest reduced precision that keeps float32's tokens "
                          "in a check on this device at start-up, else float32; float32 is token-exact with NeMo)")
     ap.add_argument("--quantize", default=None, choices=QUANTIZE, help="dynamic int8 encoder matmuls (CPU only)")
-    ap.add_argument("--compile", action="store_true",
-                    help="compile the encoder layers with torch.compile at start-up (one compile per batch size and "
-                         "lookahead mode: start-up takes minutes; see docs/performance.md)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads per model stage on CPU (default: usable cores)")
     ap.add_argument("--lookahead", "--att-context-size", type=_lookahead, default=None,
                     help="default lookahead mode L,R (attention context frames), e.g. 70,1 (default: the model's first; "
@@ -40,7 +37,7 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
 def engine_options(args: argparse.Namespace) -> dict:
     """The parsed flags as ASREngine keyword arguments."""
     return {"dtype": args.dtype, "quantize": args.quantize, "threads": args.threads, "latency_target": args.latency_target,
-            "lookahead": args.lookahead, "compile": args.compile}
+            "lookahead": args.lookahead}
 
 
 def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dtype, cap: int = 4096) -> int:
