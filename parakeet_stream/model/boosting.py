@@ -202,12 +202,14 @@ class BoostPool:
         the pool's full widths (fixed shapes)."""
         if host_slots is None:
             return BoostRows(self, slots, self.limits.root_width, self.limits.arc_width)
-        root_width, arc_width = self.widths[host_slots].max(0) if host_slots else (0, 0)
-        if not root_width:
+        host = np.asarray(host_slots, dtype=np.int64)
+        widths = self.widths[host]
+        if not widths[:, 0].any():
             return None
         if self.root_bonus is not None:
-            return HostBoostRows(self, slots, np.asarray(host_slots))
-        return BoostRows(self, slots, int(root_width), int(arc_width))
+            return HostBoostRows(self, slots, host)
+        root_width, arc_width = widths.max(0).tolist()
+        return BoostRows(self, slots, root_width, arc_width)
 
     def _put(self, target: torch.Tensor, *columns: np.ndarray) -> None:
         target.copy_(torch.from_numpy(np.stack(columns, 1).astype(np.float32)), non_blocking=True)
@@ -299,8 +301,8 @@ class HostBoostRows(BoostRows):
         """[n, V+1] logits, the model's labels (each its row's argmax) and the pass's rows -> (labels,
         nodes); None where every row keeps its label at the root (a row without phrases always does:
         its bonuses are -inf)."""
-        if self.past_root:
-            return self._past_root(logits, label.numpy(), rows, self.node[rows])
+        if self.past_root and (node := self.node[rows]).any():
+            return self._past_root(logits, label.numpy(), rows, node)
         scores = logits + self.value[rows]
         take = scores.max(1) > logits.max(1)  # ties: the model's own label
         if not take.any():
