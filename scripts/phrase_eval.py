@@ -14,7 +14,10 @@ which hold none. Every stream of both halves boosts all of PHRASES. Measured:
   words outside the phrase (its words, and insertions beside it, left out);
 - false insertions: phrases in the transcripts of the phrase-free half;
 - the greedy decoder's time per step at batch 16 (the streaming chunk of every stream, as the
-  engine's decode stage runs them on CPU) with 0, 10 and 100 phrases per stream.
+  engine's decode stage runs them on CPU) with 0, 10 and 100 phrases per stream;
+- one boosting step against one greedy iteration at batch 16, on the same inputs at every phrase
+  count (so on any model, a random-weight full-size one included, unlike the passes, whose work
+  changes with the labels boosting picks).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,25 +131,16 @@ def decode_cost(engine: ASREngine, audios: list[np.ndarray], counts=(0, 10, 100)
     counts' passes interleaved chunk by chunk (the machine's noise hits them alike), the best of
     `repeats` runs."""
     model = engine.model
-    mode = engine.default_lookahead
-    step = model.encoder.chunk_spec(mode).out_frames
-    feats = [model.features(torch.from_numpy(a))[0] for a in audios[:16]]
-    lengths = torch.tensor([f.size(0) for f in feats])
-    with torch.inference_mode():
-        enc, enc_len = model.encoder(torch.nn.utils.rnn.pad_sequence(feats, batch_first=True), lengths, mode)
+    enc, enc_len, step = encoded(engine, audios)
     steps = min(COST_STEPS, enc.size(1) // step)
-    names = cost_phrases()
-    pools = {}
-    for n in counts:
-        pools[n] = BoostPool(16, LIMITS, torch.device("cpu"), word_starts(model.tokenizer, model.decoder.blank + 1))
+    pools = {n: loaded_pool(model, n) for n in counts}
     best = {n: float("inf") for n in counts}
     for _ in range(repeats):
         spent = dict.fromkeys(counts, 0.0)
-        states = {}
+        states = {n: model.decoder.initial_state(16) for n in counts}
         for n in counts:
-            for slot in range(16):  # each stream its own set: a rotation of the list
-                pools[n].load(slot, boosting_tree(check_phrases(names[slot:] + names[:slot])[:n], model.tokenizer))
-            states[n] = model.decoder.initial_state(16)
+            for slot in range(16):
+                pools[n].node[slot] = 0
         for k in range(steps):
             chunk = enc[:, k * step : (k + 1) * step].float()
             valid = (enc_len - k * step).clamp(0, step)
@@ -154,6 +149,62 @@ def decode_cost(engine: ASREngine, audios: list[np.ndarray], counts=(0, 10, 100)
                 spent[n] += seconds
         best = {n: min(best[n], spent[n] / steps) for n in counts}
     return {n: round(seconds * 1000, 3) for n, seconds in best.items()}
+
+
+def step_cost(engine: ASREngine, audios: list[np.ndarray], counts=(10, 100), repeats: int = 300) -> dict:
+    """Microseconds of the first greedy iteration over a streaming chunk of 16 streams (the joint over
+    the chunk, the prediction network where a label is emitted), and of the boosting step where all 16 emit,
+    per phrase count, with every stream at the root of its tree and with every stream two tokens into
+    a phrase; best of `repeats`. The step's inputs are the same for every count (the joint at each
+    stream's first frame, the model's best label that is not blank), so unlike the passes above, the
+    figures do not depend on which labels boosting picks."""
+    model, dec = engine.model, engine.model.decoder
+    enc, enc_len, step = encoded(engine, audios)
+    chunk, valid = enc[:, :step].float(), enc_len.clamp(max=step)
+    state = dec.initial_state(16)
+    with torch.inference_mode():
+        passes = [GreedyPass(dec, chunk, valid, state) for _ in range(repeats)]
+        logits = dec.joint(passes[0].f[:, :1], passes[0].g.unsqueeze(1))[:, 0]
+        label, rows = logits[:, : dec.blank].argmax(1), torch.arange(16)
+        out = {"greedy iteration": best_of([p.iterate_active for p in passes])}
+        for n in counts:
+            pool = loaded_pool(model, n)
+            for where, node in (("at the root", 0), ("in a phrase", 2)):
+                pool.node[:] = node
+                steps = [partial(pool.rows(rows, rows.tolist()).step, logits, label, rows) for _ in range(repeats)]
+                out[f"boosting step, {n} phrases, {where}"] = best_of(steps)
+    return out
+
+
+def best_of(calls) -> float:
+    """The fastest of `calls` (each run once), in microseconds."""
+    best = float("inf")
+    for call in calls:
+        started = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1e6, 1)
+
+
+def encoded(engine: ASREngine, audios: list[np.ndarray]):
+    """(encoder output [16, T, D], valid frames, frames per streaming chunk) of the first 16 audios,
+    in the engine's default lookahead mode."""
+    model = engine.model
+    mode = engine.default_lookahead
+    feats = [model.features(torch.from_numpy(a))[0] for a in audios[:16]]
+    lengths = torch.tensor([f.size(0) for f in feats])
+    with torch.inference_mode():
+        enc, enc_len = model.encoder(torch.nn.utils.rnn.pad_sequence(feats, batch_first=True), lengths, mode)
+    return enc, enc_len, model.encoder.chunk_spec(mode).out_frames
+
+
+def loaded_pool(model, count: int) -> BoostPool:
+    """A CPU slot pool of 16 streams, each boosting `count` of cost_phrases() (its own rotation of the list)."""
+    pool = BoostPool(16, LIMITS, torch.device("cpu"), word_starts(model.tokenizer, model.decoder.blank + 1))
+    names = cost_phrases()
+    for slot in range(16):
+        pool.load(slot, boosting_tree(check_phrases(names[slot:] + names[:slot])[:count], model.tokenizer))
+    return pool
 
 
 def _pass(decoder, chunk, valid, state, pool: BoostPool):
@@ -200,6 +251,7 @@ def main(argv=None) -> None:
             print(json.dumps({f"bonus {bonus:g}": report[f"bonus {bonus:g}"]}), flush=True)
         if not args.no_cost:
             report["decode_ms_per_step_batch16"] = decode_cost(engine, audio_with + audio_without)
+            report["microseconds_batch16"] = step_cost(engine, audio_with + audio_without)
     print(json.dumps(report, indent=1))
 
 

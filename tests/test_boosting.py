@@ -17,7 +17,7 @@ from test_greedy import random_decoder
 
 from parakeet_stream.engine.phrases import MAX_PHRASE_TOKENS, Phrase, PhraseError, boosting_tree, check_phrases
 from parakeet_stream.model.boosting import FIRST_SHARE as H
-from parakeet_stream.model.boosting import BoostingTree, BoostLimits, BoostPool
+from parakeet_stream.model.boosting import BoostingTree, BoostLimits, BoostPool, BoostRows
 from parakeet_stream.model.greedy import GreedyPass, unpack
 from parakeet_stream.model.rnnt import DecoderState
 from parakeet_stream.model.tokenizer import Tokenizer
@@ -138,6 +138,33 @@ def test_a_complete_phrase_keeps_its_bonus_only_if_a_word_starts_next():
     logits[:, 1] = 0.5  # the best label that starts a word: 1
     label, node = rows.choose(logits, torch.full((2,), 5))
     assert label.tolist() == [5, 1] and node.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_cpus_numpy_choice_is_the_torch_choice(seed):
+    """HostBoostRows (eager passes on the CPU) against BoostRows at full widths (fixed shapes) and on
+    row subsets (eager passes on a GPU): random trees and nodes, logits in steps of 0.5 and bonuses
+    in steps of 0.25, so that candidates often tie exactly (the first in order must win)."""
+    gen = np.random.default_rng(seed)
+    pool = BoostPool(8, LIMITS, torch.device("cpu"), STARTS)
+    nodes = []
+    for slot in range(7):  # slot 7 has no phrases
+        tree = BoostingTree([(gen.integers(0, 20, gen.integers(1, 5)).tolist(), float(gen.choice([0.5, 1.0, 2.0])))
+                             for _ in range(3)], LIMITS)
+        pool.load(slot, tree)
+        nodes.append(tree.nodes)
+    slots = torch.arange(8)
+    for _ in range(60):
+        pool.node[:7] = torch.from_numpy(gen.integers(0, nodes))
+        host, fixed = pool.rows(slots, slots.tolist()), pool.rows(slots)
+        device = BoostRows(pool, slots, *pool.widths.max(0).tolist())
+        logits = torch.from_numpy(gen.integers(-6, 6, (8, 21)) / 2).float()
+        logits[:, 20] = -9.0  # blank: the model emits a label
+        label = logits.argmax(1)
+        rows = torch.from_numpy(np.sort(gen.choice(8, gen.integers(1, 9), replace=False)))
+        expected = [found[rows].tolist() for found in fixed.choose(logits, label)]
+        for eager in (host, device):
+            assert [found.tolist() for found in eager.choose(logits[rows], label[rows], rows)] == expected
 
 
 TREES = [[([3, 5, 1], 2.0), ([7, 7], 1.0)], None, [([2, 9], 3.0), ([2, 4, 4, 6], 1.5)], None,

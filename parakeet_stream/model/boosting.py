@@ -158,7 +158,8 @@ def word_starts(tokenizer: Tokenizer | None, labels: int) -> np.ndarray:
 class BoostPool:
     """The boosting trees of every slot, on the device, and each slot's node: what the greedy pass
     gathers from. Written only at a stream's first step (`load`), by the decode stage. Ids are held
-    as float32 beside the bonuses (exact below 2**24), so one gather brings a row's candidates."""
+    as float32 beside the bonuses (exact below 2**24), so one gather brings a row's candidates.
+    On the CPU the root rows are also held dense, a bonus and a next node per label (HostBoostRows)."""
 
     def __init__(self, rows: int, limits: BoostLimits, device, starts: np.ndarray):
         """starts: `word_starts` of the model's labels."""
@@ -169,14 +170,21 @@ class BoostPool:
         self.root = torch.zeros(rows, limits.root_width, 3, device=device)  # token, next node, bonus
         self.root[..., 2] = NEG_INF
         self.nodes = torch.zeros(rows * (limits.nodes + 1), 3, device=device)  # arcs from, to; done
-        self.arcs = torch.zeros(rows * limits.arcs, 3, device=device)  # token, next node, bonus
+        # token, next node, bonus; the last slot's reads of a full arc width stay inside the table
+        self.arcs = torch.zeros(rows * limits.arcs + limits.arc_width, 3, device=device)
         self.widths = np.zeros((rows, 2), dtype=np.int64)  # host: root labels, most arcs of a node
+        self.root_bonus = self.root_next = None  # on the CPU: each slot's root arcs per label (bonus -inf: none)
+        if device.type == "cpu":
+            self.root_bonus = np.full((rows, len(starts)), NEG_INF, np.float32)
+            self.root_next = np.zeros((rows, len(starts)), np.int64)
 
     def load(self, slot: int, tree: BoostingTree | None) -> None:
         """The stream starting at `slot` boosts `tree` (None: nothing), from the root."""
         self.node[slot] = 0
         self.root[slot, :, 2] = NEG_INF
         self.widths[slot] = 0
+        if self.root_bonus is not None:
+            self.root_bonus[slot] = NEG_INF
         if tree is None:
             return
         r, n, a = len(tree.root_token), self.limits.nodes + 1, self.limits.arcs
@@ -185,14 +193,23 @@ class BoostPool:
         m = len(tree.arc_token)
         self._put(self.arcs[slot * a : slot * a + m], tree.arc_token, tree.arc_next, tree.arc_value)
         self.widths[slot] = (r, tree.width)
+        if self.root_bonus is not None:
+            self.root_bonus[slot, tree.root_token], self.root_next[slot, tree.root_token] = tree.root_value, tree.root_next
 
     def rows(self, slots: torch.Tensor, host_slots: list[int] | None = None) -> "BoostRows | None":
         """The boosting of a batch at `slots`: with `host_slots` (eager) only as wide as their trees
-        need, None where none has phrases; without, at the pool's full widths (fixed shapes)."""
+        need, None where none has phrases, on the CPU chosen in numpy (HostBoostRows); without, at
+        the pool's full widths (fixed shapes)."""
         if host_slots is None:
             return BoostRows(self, slots, self.limits.root_width, self.limits.arc_width)
-        root_width, arc_width = self.widths[host_slots].max(0) if host_slots else (0, 0)
-        return BoostRows(self, slots, int(root_width), int(arc_width)) if root_width else None
+        host = np.asarray(host_slots, dtype=np.int64)
+        widths = self.widths[host]
+        if not widths[:, 0].any():
+            return None
+        if self.root_bonus is not None:
+            return HostBoostRows(self, slots, host)
+        root_width, arc_width = widths.max(0).tolist()
+        return BoostRows(self, slots, root_width, arc_width)
 
     def _put(self, target: torch.Tensor, *columns: np.ndarray) -> None:
         target.copy_(torch.from_numpy(np.stack(columns, 1).astype(np.float32)), non_blocking=True)
@@ -200,14 +217,17 @@ class BoostPool:
 
 class BoostRows:
     """The boosting of one greedy pass's rows: their root rows gathered once, their nodes carried
-    through the pass (`node`, written back with `save`), their deeper arcs gathered at each label."""
+    through the pass (`node`, written back with `save`), their deeper arcs gathered at each label.
+    The candidates of a row, in this order (where scores tie, the first wins): its node's deeper
+    arcs, the root arcs, the model's label, the best word-starting label."""
 
     def __init__(self, pool: BoostPool, slots: torch.Tensor, root_width: int, arc_width: int):
         self.pool, self.slots = pool, slots
         self.node = pool.node[slots]
-        self.root = pool.root[slots, :root_width]
+        tail = torch.zeros(len(slots), 2, 3, device=slots.device)  # the last two candidates lead to the root
+        self.root = torch.cat((pool.root[slots, :root_width], tail), 1)
         self.node_base = slots * (pool.limits.nodes + 1)
-        self.arc_base = slots * pool.limits.arcs
+        self.arc_base = (slots * pool.limits.arcs).unsqueeze(1)
         self.offsets = torch.arange(arc_width, device=slots.device)
 
     def choose(self, logits: torch.Tensor, label: torch.Tensor, rows: torch.Tensor | None = None):
@@ -217,25 +237,116 @@ class BoostRows:
         if rows is not None:
             node, node_base, arc_base, root = node[rows], node_base[rows], arc_base[rows], root[rows]
         info = self.pool.nodes[node_base + node]  # [n, 3]: its arcs from, to; what it keeps if a word starts
-        tree = torch.cat((self._arcs(info, arc_base), root), 1)  # deeper arcs first: where both match, they win
-        width = tree.size(1)
-        word = (logits + self.pool.start_mask).argmax(1, keepdim=True)  # the best word-starting label
-        token = torch.cat((tree[..., 0].long(), label.unsqueeze(1), word), 1)
-        value = torch.nn.functional.pad(tree[..., 2], (0, 2)) + info[:, 2:] * self.pool.starts[token]
-        scores = logits.gather(1, token) + value
+        tree = torch.cat((self._arcs(info, arc_base), root), 1)
+        width = tree.size(1) - 2  # the tree's own candidates
+        word = (logits + self.pool.start_mask).argmax(1, keepdim=True)
+        token = torch.cat((tree[:, :width, 0].long(), label.unsqueeze(1), word), 1)
+        scores = logits.gather(1, token) + (tree[..., 2] + info[:, 2:] * self.pool.starts[token])
         best, at = scores.max(1)
-        choice = torch.where(best > scores[:, width], at, width)  # ties: the model's own label
-        label = token.gather(1, choice.unsqueeze(1)).squeeze(1)
-        nxt = tree[..., 1].gather(1, choice.clamp(max=width - 1).unsqueeze(1)).squeeze(1).long()
-        return label, torch.where(choice < width, nxt, 0)
+        choice = torch.where(best > scores[:, width], at, width).unsqueeze(1)  # ties: the model's own label
+        return token.gather(1, choice).squeeze(1), tree[..., 1].gather(1, choice).squeeze(1).long()
+
+    def step(self, logits: torch.Tensor, label: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """choose() for the pass's rows `rows` that emit a label (an eager pass), their nodes moved on."""
+        label, self.node[rows] = self.choose(logits, label, rows)
+        return label
 
     def _arcs(self, info: torch.Tensor, arc_base: torch.Tensor) -> torch.Tensor:
         """[n, arc width, 3] the rows' nodes' deeper arcs (bonus -inf past a node's own)."""
         at = info[:, :1].long() + self.offsets
-        arcs = self.pool.arcs[arc_base.unsqueeze(1) + at.clamp(max=self.pool.limits.arcs - 1)]
-        arcs[..., 2].masked_fill_(at >= info[:, 1:2].long(), NEG_INF)
+        arcs = self.pool.arcs[arc_base + at]
+        arcs[..., 2].masked_fill_(at >= info[:, 1:2], NEG_INF)
         return arcs
 
     def save(self) -> None:
         """The rows' nodes back into the pool."""
         self.pool.node[self.slots] = self.node
+
+
+class HostBoostRows(BoostRows):
+    """BoostRows for an eager pass on the CPU, where reading a tensor costs no sync: the same choice
+    in numpy, in fewer operations. The root arcs come from the pool's dense root rows (the model's
+    logits plus each row's root bonuses, one argmax), so where every row is at the root, a call is a
+    dozen numpy operations, and where no label changes, the labels are returned as they came; a
+    node's deeper arcs and a complete phrase's word-starting label are read only where a row is
+    past the root. The same candidates, float32 sums and order of ties as the torch version, so the
+    same labels (measured: scripts/phrase_eval.py --cost-only)."""
+
+    def __init__(self, pool: BoostPool, slots: torch.Tensor, host_slots: np.ndarray):
+        self.pool, self.slots, self.slot = pool, slots, host_slots
+        self.node = pool.node.numpy()[host_slots]
+        self.past_root = bool(self.node.any())
+        self.value = pool.root_bonus[host_slots]  # [B, V+1] each row's root bonus per label (-inf: none)
+
+    def choose(self, logits: torch.Tensor, label: torch.Tensor, rows: torch.Tensor | None = None):
+        rows = np.arange(len(self.slot)) if rows is None else rows.numpy()
+        found = self._choose(logits.float().numpy(), label, rows)
+        if found is None:
+            return label, torch.zeros_like(label)
+        return torch.from_numpy(found[0]), torch.from_numpy(found[1])
+
+    def step(self, logits: torch.Tensor, label: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        rows = rows.numpy()
+        found = self._choose(logits.float().numpy(), label, rows)
+        if found is None:
+            return label
+        label, self.node[rows] = found
+        self.past_root = bool(self.node.any())
+        return torch.from_numpy(label)
+
+    def save(self) -> None:
+        self.pool.node.numpy()[self.slot] = self.node
+
+    def _choose(self, logits: np.ndarray, label: torch.Tensor, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """[n, V+1] logits, the model's labels (each its row's argmax) and the pass's rows -> (labels,
+        nodes); None where every row keeps its label at the root (a row without phrases always does:
+        its bonuses are -inf)."""
+        if self.past_root and (node := self.node[rows]).any():
+            return self._past_root(logits, label.numpy(), rows, node)
+        scores = logits + self.value[rows]
+        take = scores.max(1) > logits.max(1)  # ties: the model's own label
+        if not take.any():
+            return None
+        at = scores.argmax(1)
+        return np.where(take, at, label.numpy()), np.where(take, self.pool.root_next[self.slot[rows], at], 0)
+
+    def _past_root(self, logits, own, rows, node):
+        """_choose where some row is past the root: its deeper arcs, and the rows that completed a
+        phrase, their bonus on every word-starting label."""
+        pool, n, slot = self.pool, np.arange(len(rows)), self.slot[rows]
+        first, end, done = pool.nodes.numpy()[slot * (pool.limits.nodes + 1) + node].T
+        value, own_score, word = self.value[rows], logits[n, own], None
+        if done.any():
+            starts = pool.starts.numpy()
+            value = value + done[:, None] * starts
+            own_score = own_score + done * starts[own]
+            word = (logits + pool.start_mask.numpy()).argmax(1)
+        scores = logits + value
+        at = scores.argmax(1)
+        best, token, nxt = scores[n, at], at, pool.root_next[slot, at]
+        deep = self._deep(logits, slot, first, end, done)
+        if deep is not None:  # the first best: a deeper arc where it ties with the root's
+            use = deep[0] >= best
+            best, token, nxt = (np.where(use, d, r) for d, r in zip(deep, (best, token, nxt)))
+        take = best > own_score
+        if word is not None:
+            word_score = logits[n, word] + done * pool.starts.numpy()[word]
+            to_word = (word_score > best) & (word_score > own_score)
+            take, own = take & ~to_word, np.where(to_word, word, own)
+        return np.where(take, token, own), np.where(take, nxt, 0)
+
+    def _deep(self, logits, slot, first, end, done):
+        """(score, token, next node) of each row's best deeper arc (-inf where none); None: no row has one."""
+        width = int((end - first).max())
+        if not width:
+            return None
+        n = np.arange(len(slot))
+        at = first.astype(np.int64)[:, None] + np.arange(width)
+        arcs = self.pool.arcs.numpy()[(slot * self.pool.limits.arcs)[:, None] + at]
+        token, value = arcs[..., 0].astype(np.int64), arcs[..., 2]
+        value[at >= end[:, None]] = NEG_INF
+        if done.any():
+            value = value + done[:, None] * self.pool.starts.numpy()[token]
+        scores = logits[n[:, None], token] + value
+        k = scores.argmax(1)
+        return scores[n, k], token[n, k], arcs[n, k, 1].astype(np.int64)

@@ -127,8 +127,7 @@ class GreedyPass:
         who, label = rows[emit], labels.gather(1, at_first.unsqueeze(1)).squeeze(1)[emit]
         scores = logits[emit, at_first[emit]]
         if self.boost is not None and who.numel():
-            label, node = self.boost.choose(scores, label, who)
-            self.boost.node[who] = node
+            label = self.boost.step(scores, label, who)
         at_count = self.count[who]
         self.token[who, at_count], self.frame[who, at_count] = label, t[emit]
         self.prob[who, at_count] = probability(scores, label)
