@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -10,7 +11,9 @@ from helpers import run_stream, tokens_of
 
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine.memory import MAX_BATCH, MAX_SLOTS, SHARE, DoesNotFit, plan_memory, slot_bytes
+from parakeet_stream.engine.phrases import LIMITS
 from parakeet_stream.engine.pipeline import DEPTH
+from parakeet_stream.model.boosting import BoostPool
 from parakeet_stream.model.config import ModelConfig
 from parakeet_stream.model.conformer import EncoderCache
 
@@ -56,11 +59,16 @@ def test_the_old_sizing_of_the_issue_is_gone():
 def test_slot_bytes_is_what_the_pools_take_per_slot(nemotron_model):
     pools = [nemotron_model.decoder.state_pool(n) for n in (3, 5)]
     caches = [EncoderCache.zeros(nemotron_model.cfg.encoder, n) for n in (3, 5)]
+    starts = np.zeros(nemotron_model.decoder.blank + 1, dtype=bool)
+    boosts = [BoostPool(n, LIMITS, torch.device("cpu"), starts) for n in (3, 5)]
 
-    def size(cache, state):
-        return sum(t.numel() * t.element_size() for t in (cache.keys, cache.values, cache.conv, state.h, state.c, state.g))
+    def size(cache, state, boost):
+        tensors = (cache.keys, cache.values, cache.conv, state.h, state.c, state.g,
+                   boost.node, boost.root, boost.nodes, boost.arcs)
+        return sum(t.numel() * t.element_size() for t in tensors)
 
-    assert (size(caches[1], pools[1]) - size(caches[0], pools[0])) // 2 == slot_bytes(nemotron_model)
+    grown = size(caches[1], pools[1], boosts[1]) - size(caches[0], pools[0], boosts[0])
+    assert grown // 2 == slot_bytes(nemotron_model)
 
 
 def test_pre_encode_batches_are_split_to_the_step_size(eou_model, wavs):

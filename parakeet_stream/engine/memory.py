@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model.boosting import BoostPool
 from ..model.conformer import EncoderCache
 from ..model.greedy import GreedyPass
 from ..model.parakeet import ParakeetModel
 from .cuda_graphs import unconditional
+from .phrases import LIMITS
 from .pipeline import DEPTH
 
 MAX_BATCH = 1024  # largest step planned: the target load (1,000 streams) fits one; graphs grow with it
@@ -55,10 +57,10 @@ def plan_memory(free: int, slot_bytes: int, stream_bytes: int, slots: int | None
 
 
 def slot_bytes(model: ParakeetModel) -> int:
-    """One slot's encoder cache and decoder state."""
+    """One slot's encoder cache, decoder state and key phrase tables."""
     d = model.cfg.decoder
     decoder = (2 * d.pred_rnn_layers * d.pred_hidden + d.joint_hidden) * 4
-    return EncoderCache.slot_bytes(model.cfg.encoder, model.encoder_dtype) + decoder
+    return EncoderCache.slot_bytes(model.cfg.encoder, model.encoder_dtype) + decoder + BoostPool.slot_bytes(LIMITS)
 
 
 @torch.inference_mode()

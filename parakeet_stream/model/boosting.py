@@ -178,6 +178,11 @@ class BoostPool:
             self.root_bonus = np.full((rows, len(starts)), NEG_INF, np.float32)
             self.root_next = np.zeros((rows, len(starts)), np.int64)
 
+    @staticmethod
+    def slot_bytes(limits: BoostLimits) -> int:
+        """Device memory of one slot's tables: its node, root arcs, nodes and deeper arcs."""
+        return 8 + 3 * 4 * (limits.root_width + limits.nodes + 1 + limits.arcs)
+
     def load(self, slot: int, tree: BoostingTree | None) -> None:
         """The stream starting at `slot` boosts `tree` (None: nothing), from the root."""
         self.node[slot] = 0
