@@ -145,7 +145,8 @@ def main() -> None:
     ap.add_argument("--live-seconds", type=float, default=20.0, help="length of the live-alone phase")
     ap.add_argument("--repeat", type=int, default=1, help="runs of the five phases, in turn")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_files.json")
-    ap.add_argument("--phases", default=",".join(PHASES), help="which phases, comma-separated (ratios need all)")
+    ap.add_argument("--phases", default=",".join(PHASES), type=phase_list,
+                    help=f"which phases, comma-separated, of {', '.join(PHASES)} (the ratios need all)")
     args = ap.parse_args()
     single_threaded_host()
     model = set_precision(load_model(args.model, args.device), args.dtype)
@@ -157,7 +158,7 @@ def main() -> None:
         "one_file_with_live": lambda e: files_with_live(e, audios[:1], args.live),
         "files_with_live": lambda e: files_with_live(e, audios, args.live),
     }
-    phases = {name: phases[name] for name in args.phases.split(",")}
+    phases = {name: phases[name] for name in args.phases}
     runs: dict[str, list[dict]] = {name: [] for name in phases}
     for _ in range(args.repeat):
         for name, phase in phases.items():
@@ -172,6 +173,15 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary.get("ratios", {})))
+
+
+def phase_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in PHASES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown phase(s) {', '.join(unknown) or '(none given)'}: "
+                                         f"choose from {', '.join(PHASES)}")
+    return names
 
 
 def run_phase(model: ParakeetModel, args: argparse.Namespace, phase) -> dict:

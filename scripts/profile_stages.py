@@ -37,8 +37,11 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=5)
     args = ap.parse_args()
     stages, calls, leaves = Counter(), defaultdict(Counter), defaultdict(Counter)
-    for line in open(args.raw):
+    for number, line in enumerate(open(args.raw, errors="replace"), 1):
         stack, _, count = line.rstrip("\n").rpartition(" ")
+        if not stack or not count.isdigit():
+            raise SystemExit(f"{args.raw}:{number}: not py-spy raw output ('frame;frame;... count'): "
+                             "record with `py-spy record --format raw`")
         frames, n = stack.split(";"), int(count)
         stage, i = stage_of(frames)
         stages[stage] += n
