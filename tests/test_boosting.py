@@ -17,7 +17,7 @@ from test_greedy import random_decoder
 
 from parakeet_stream.engine.phrases import MAX_PHRASE_TOKENS, Phrase, PhraseError, boosting_tree, check_phrases
 from parakeet_stream.model.boosting import FIRST_SHARE as H
-from parakeet_stream.model.boosting import BoostingTree, BoostLimits, BoostPool, BoostRows
+from parakeet_stream.model.boosting import BoostingTree, BoostLimits, BoostPool, BoostRows, word_starts
 from parakeet_stream.model.greedy import GreedyPass, unpack
 from parakeet_stream.model.rnnt import DecoderState
 from parakeet_stream.model.tokenizer import Tokenizer
@@ -94,6 +94,18 @@ def test_phrases_past_the_token_limit_are_refused_and_an_uncased_model_gets_lowe
     upper, lower = boosting_tree((Phrase("Kowalski"),), tok), boosting_tree((Phrase("kowalski"),), tok)
     assert upper.root_token.tolist() == lower.root_token.tolist()
     assert upper.arc_token.tolist() == lower.arc_token.tolist() == tok.encode("kowalski")[1:]
+
+
+@pytest.mark.skipif(not DEMO_TOKENIZER.is_file(), reason="weights/demo is absent")
+def test_an_apostrophe_does_not_start_a_word_so_a_complete_name_gives_back_its_bonus_before_it():
+    """"metformin" + "'" + "s" is one word: the apostrophe glues letters on (measured: the name
+    boosted to completion, then "'t" or "'s" glued on, missed the phrase)."""
+    tok = Tokenizer(DEMO_TOKENIZER)
+    starts = word_starts(tok, tok.vocab_size + 1)
+    piece = {tok.piece(i): i for i in range(tok.vocab_size)}
+    assert not starts[piece["'"]] and not starts[piece["s"]]
+    assert starts[piece["▁"]] and starts[piece["▁the"]] and starts[tok.eou_id]
+    assert not starts[tok.vocab_size]  # blank
 
 
 @pytest.mark.skipif(not DEMO_TOKENIZER.is_file(), reason="weights/demo is absent")

@@ -144,14 +144,14 @@ def _deep_arcs(children, fail, order) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def word_starts(tokenizer: Tokenizer | None, labels: int) -> np.ndarray:
-    """[labels] bool: the labels that start a word (the word-boundary mark, no letter or digit, or a
+    """[labels] bool: the labels that start a word (the word-boundary mark, no letter, digit or apostrophe, or a
     control piece); blank (the last label) and, without a tokenizer, every label: False."""
     starts = np.zeros(labels, dtype=bool)
     if tokenizer is not None:
         for i in range(tokenizer.vocab_size):
             piece = tokenizer.piece(i)
             starts[i] = (i in tokenizer.special_ids or piece.startswith(SPACE)
-                         or not any(ch.isalnum() for ch in piece))
+                         or not any(ch.isalnum() or ch == "'" for ch in piece))
     return starts
 
 
