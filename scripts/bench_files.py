@@ -139,6 +139,8 @@ def main() -> None:
     ap.add_argument("--model", default="demo", help="demo, small, large or a model folder")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--threads", type=int, default=None,
+                    help="the encoder's intra-op threads (default: the engine's, every usable core but one)")
     ap.add_argument("--files", type=int, default=8, help="files in the many-files phases")
     ap.add_argument("--file-seconds", type=float, default=30.0, help="audio per file")
     ap.add_argument("--live", type=int, default=4, help="real-time streams beside the files")
@@ -165,7 +167,7 @@ def main() -> None:
             runs[name].append(run_phase(model, args, phase))
             print(f"{name:20s} {one_line(runs[name][-1])}", flush=True)
     medians = {name: median(results) for name, results in runs.items()}
-    summary = {"model": args.model, "device": args.device, "dtype": args.dtype, "machine": machine(),
+    summary = {"model": args.model, "device": args.device, "dtype": args.dtype, "threads": args.threads, "machine": machine(),
                "files": args.files, "file_seconds": args.file_seconds, "live_streams": args.live,
                "repeat": args.repeat, "median": medians, "runs": runs}
     if set(PHASES) <= set(medians):
@@ -185,7 +187,8 @@ def phase_list(text: str) -> list[str]:
 
 
 def run_phase(model: ParakeetModel, args: argparse.Namespace, phase) -> dict:
-    with ASREngine(model, args.device, max_num_streams=args.files + args.live, dtype=model.encoder_dtype) as engine:
+    with ASREngine(model, args.device, max_num_streams=args.files + args.live, dtype=model.encoder_dtype,
+                   threads=args.threads) as engine:
         transcribe(engine, [speech(WARMUP_S, 999)])  # threads started, step costs measured: as a running server
         out = phase(engine)
         out["chunk_ms"] = {f"{m[0]},{m[1]}": s * 1000 for m, s in engine.info.chunk_seconds.items()}

@@ -174,6 +174,18 @@ def test_fill_takes_the_largest_batch_the_step_has_room_for(room, expected):
     assert [item for item, _ in bulk] == list(range(expected)) and wait is None
 
 
+def test_fill_takes_every_file_when_they_fit_whatever_narrower_steps_were_measured_to_cost():
+    """Found on a 2-core CPU: a 9-file step measured dearer than a 16-file one made the bisection
+    settle on 9 files, so each round of 16 ran as two steps (RTFx 9-12 instead of 13)."""
+    cost = StepCost()
+    for batch, seconds in [(1, 0.105), (9, 0.19), (16, 0.15)]:
+        cost.record(batch, seconds)
+    backlogs = [Backlog(float(j), 100, j) for j in range(16)]
+    bulk, _ = fill(backlogs, [], [], 0, now=0.0, timeline=Timeline(0.11, 0.0), cost=cost, budget=0.3, max_batch=16,
+                   max_rounds=1, lead=0.08, busy=True)
+    assert [item for item, _ in bulk] == list(range(16))
+
+
 def test_fill_gives_way_to_a_live_chunk_due_before_a_bulk_round_would_end():
     cost = StepCost()
     cost.record(1, 0.02)

@@ -102,3 +102,15 @@ def test_step_cost_interpolates_and_extrapolates(batch, expected):
     cost.record(2, 0.02)
     cost.record(8, 0.06)
     assert cost(batch) == pytest.approx(expected)
+
+
+def test_step_cost_never_predicts_a_larger_batch_cheaper_than_a_smaller_one():
+    """Timed on a busy CPU a narrow step can cost more than a wide one; predictions stay monotone
+    (the bulk policy bisects batch sizes over them)."""
+    cost = StepCost()
+    for batch, seconds in [(1, 0.10), (3, 0.16), (9, 0.19), (13, 0.18), (16, 0.15)]:
+        cost.record(batch, seconds)
+    predicted = [cost(b) for b in range(1, 33)]
+    assert all(a <= b for a, b in zip(predicted, predicted[1:]))
+    assert cost(1) == 0.10 and cost(3) == cost(9) == cost(12) == cost(16) == 0.15  # a larger batch bounds a smaller
+    assert cost(32) == pytest.approx(0.30)  # beyond: no cheaper per stream than the largest measured

@@ -93,15 +93,23 @@ class StepCost:
         return sum(self(sum(1 for c in chunks if c > r)) for r in range(max(chunks, default=0)))
 
     def __call__(self, batch: int) -> float:
+        """Never less for a larger batch (the policy searches batch sizes by bisection): a step of
+        fewer streams does no more work, so no batch costs more than a larger one was measured to
+        (measured on a CPU, a narrow step timed under contention could cost more than a wide one,
+        and a bisection over such costs settled on narrow steps, two per round of files)."""
         if batch <= 0 or not self._seconds:
             return 0.0
+        larger = [s for b, s in self._seconds.items() if b >= batch]
+        return min(self._interpolated(batch), min(larger)) if larger else self._interpolated(batch)
+
+    def _interpolated(self, batch: int) -> float:
         if batch in self._seconds:
             return self._seconds[batch]
         lower = max((b for b in self._seconds if b < batch), default=None)
         upper = min((b for b in self._seconds if b > batch), default=None)
         if upper is None:  # beyond what was measured: no cheaper per stream than the largest batch
             return self._seconds[lower] * batch / lower
-        if lower is None:  # a smaller batch costs at most what a larger one did
+        if lower is None:
             return self._seconds[upper]
         lo, hi = self._seconds[lower], self._seconds[upper]
         return lo + (hi - lo) * (batch - lower) / (upper - lower)
