@@ -360,9 +360,13 @@ class SpyEngine:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def create_stream(self, lookahead=None, bulk=False, phrases=()) -> int:
+    def check_phrases(self, phrases) -> None:
         if any(p.text in self.too_many_tokens for p in phrases):
             raise PhraseError(f"a phrase must be at most {MAX_PHRASE_TOKENS} tokens")
+        self._engine.check_phrases(phrases)
+
+    def create_stream(self, lookahead=None, bulk=False, phrases=()) -> int:
+        self.check_phrases(phrases)
         sid = self._engine.create_stream(lookahead, bulk, phrases)
         self.created.append((sid, phrases))
         return sid

@@ -97,6 +97,20 @@ def test_phrases_past_the_token_limit_are_refused_and_an_uncased_model_gets_lowe
 
 
 @pytest.mark.skipif(not DEMO_TOKENIZER.is_file(), reason="weights/demo is absent")
+def test_a_phrase_the_model_cannot_write_is_refused_a_hint_left_out_and_accents_dropped_where_that_helps():
+    tok = Tokenizer(DEMO_TOKENIZER)  # lower-case letters and the apostrophe
+    assert tok.unk_id in tok.encode("日本") and tok.unk_id in tok.encode("zoë")
+    zoe = boosting_tree((Phrase("Zoë"),), tok)
+    assert [*zoe.root_token.tolist(), *zoe.arc_token.tolist()] == tok.encode("zoe")
+    with pytest.raises(PhraseError) as err:
+        boosting_tree((Phrase("kowalski"), Phrase("R2-D2")), tok)
+    assert err.value.message == "the phrase 'R2-D2' has characters this model cannot write: '-2'"
+    assert boosting_tree((Phrase("R2-D2", hint=True), Phrase("日本", hint=True)), tok) is None
+    kept = boosting_tree((Phrase("R2-D2", hint=True), Phrase("kowalski", hint=True)), tok)
+    assert [*kept.root_token.tolist(), *kept.arc_token.tolist()] == tok.encode("kowalski")
+
+
+@pytest.mark.skipif(not DEMO_TOKENIZER.is_file(), reason="weights/demo is absent")
 def test_an_apostrophe_does_not_start_a_word_so_a_complete_name_gives_back_its_bonus_before_it():
     """"metformin" + "'" + "s" is one word: the apostrophe glues letters on (measured: the name
     boosted to completion, then "'t" or "'s" glued on, missed the phrase)."""

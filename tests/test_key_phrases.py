@@ -34,7 +34,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from parakeet_stream.client import encode_audio
-from parakeet_stream.engine.phrases import MAX_PHRASES, Phrase
+from parakeet_stream.engine.phrases import MAX_PHRASES, Phrase, boosting_tree
 from parakeet_stream.server.codes import ProtocolError
 from parakeet_stream.server.phrases import FieldPhraseError, openai_phrases, prompt_phrases
 from parakeet_stream.server.protocols.deepgram import parse_phrases
@@ -43,6 +43,7 @@ from parakeet_stream.server.riva.options import parse_config
 
 ASKED = ("Anya Okafor", "Kubernetes")
 EXPECTED = (Phrase("Anya Okafor"), Phrase("Kubernetes"))
+HINTED = tuple(Phrase(p.text, hint=True) for p in EXPECTED)  # the same, read out of a prompt
 # bad phrase lists every API refuses, and a word of what it says
 BAD = {
     "empty": ([""], "must not be empty"),
@@ -79,7 +80,7 @@ async def good_beside(ctx, sentence, solo_tokens, attack) -> None:
     ("", ()),
 ])
 def test_openai_prompt_names_its_list_items_or_the_names_in_its_sentences(prompt, named):
-    assert prompt_phrases(prompt) == tuple(Phrase(text) for text in named)
+    assert prompt_phrases(prompt) == tuple(Phrase(text, hint=True) for text in named)
 
 
 def test_openai_keywords_come_first_and_the_prompt_fills_the_room_left():
@@ -87,7 +88,7 @@ def test_openai_keywords_come_first_and_the_prompt_fills_the_room_left():
     prompt = ", ".join(["k1", *(f"p{i}" for i in range(10))])
     phrases = openai_phrases(keywords, prompt)
     assert [p.text for p in phrases] == [*keywords, "p0", "p1"]  # k1 once; room for two more
-    assert openai_phrases([], "Kubernetes, Kubernetes") == (Phrase("Kubernetes"),)
+    assert openai_phrases([], "Kubernetes, Kubernetes") == (Phrase("Kubernetes", hint=True),)
     with pytest.raises(FieldPhraseError) as error:
         openai_phrases([""], "Kubernetes")
     assert error.value.field == "keywords"
@@ -209,6 +210,9 @@ DEEPGRAM_BAD = {
     "control characters": ("keyterm=Anya%00Okafor", 400, "control"),
     "suppression": ("keywords=Acme:-5", 400, "suppressing"),
     "intensifier as text": ("keywords=Acme:high", 400, "must be a number"),
+    # what the model cannot take: at the handshake too, not at the first audio
+    "too many tokens for the model": (f"keyterm={TOO_LONG}", 400, "tokens"),
+    "characters the model cannot write": ("keyterm=%E6%97%A5%E6%9C%AC", 400, "cannot write"),
     # beyond what a WebSocket handshake may carry (16 KiB): refused by the WebSocket layer
     "10,000 phrases": ("&".join(f"keyterm=w{i}" for i in range(10_000)), 400, ""),
     "1 MB phrase": ("keyterm=" + "x" * 1_000_000, 400, ""),
@@ -232,19 +236,8 @@ async def test_deepgram_live_bad_phrases_fail_the_handshake_in_deepgrams_shape(e
             if said:  # Deepgram's shape, naming the field
                 assert '"err_code":"INVALID_QUERY_PARAMETER","err_msg":"key' in body, body
 
-    async with running_server(SpyEngine(engine)) as ctx:
-        await good_beside(ctx, sentence, solo_tokens, attack)
-
-
-async def test_deepgram_live_token_limit_is_an_error_message_at_the_first_audio(engine, sentence):
-    pcm = encode_audio(sentence, "pcm16")
     async with running_server(SpyEngine(engine, too_many_tokens=(TOO_LONG,))) as ctx:
-        address = f"ws://127.0.0.1:{ctx.config.ports['ws']}/v1/listen?encoding=linear16&sample_rate=16000"
-        async with Raw.open(f"{address}&keyterm={TOO_LONG}") as conn:
-            await conn.send(pcm[:3200])
-            messages = await conn.rest()
-    assert [m["type"] for m in messages] == ["Error"] and messages[0]["variant"] == "invalid_phrases"
-    assert "tokens" in messages[0]["description"] and conn.close_code == 1008
+        await good_beside(ctx, sentence, solo_tokens, attack)
 
 
 async def test_deepgram_files_take_the_same_phrases_and_refusals(engine, sentence):
@@ -290,7 +283,7 @@ async def test_openai_realtime_keywords_and_prompt_apply_from_the_next_item(engi
     async with running_server(spy) as ctx:
         await oai.in_thread(oai.run_sdk(ctx, script))
     assert spy.phrases() == [
-        (Phrase("kubectl"), *EXPECTED), (Phrase("Anya Okafor"), Phrase("iPhone")), (),
+        (Phrase("kubectl"), *HINTED), (Phrase("Anya Okafor", hint=True), Phrase("iPhone", hint=True)), (),
     ]
 
 
@@ -303,6 +296,8 @@ OPENAI_BAD = {
     "keywords not a list": ({"keywords": "Kubernetes"}, "keywords", "Expected `array"),
     "a 1 MB prompt": ({"prompt": "x" * 1_000_000}, "prompt", "length <= 4096"),  # the prompt's own limit
     "control characters in the prompt": ({"prompt": "Anya\x07Okafor"}, "prompt", "control"),
+    "too many tokens for the model": ({"keywords": [TOO_LONG]}, "keywords", "tokens"),
+    "characters the model cannot write": ({"keywords": ["日本"]}, "keywords", "cannot write: '日本'"),
 }
 
 
@@ -317,7 +312,7 @@ async def test_openai_realtime_bad_phrases_are_error_events_and_the_session_goes
             errors.append(await session.until("error", len(errors) + 1))
         await session.transcribe(pcm)  # with the settings before the refused updates
 
-    spy = SpyEngine(engine)
+    spy = SpyEngine(engine, too_many_tokens=(TOO_LONG,))
 
     async def attack(ctx) -> None:
         await oai.in_thread(oai.run_sdk(ctx, script))
@@ -332,22 +327,22 @@ async def test_openai_realtime_bad_phrases_are_error_events_and_the_session_goes
     assert (Phrase("Kubernetes"),) in spy.phrases()
 
 
-async def test_openai_realtime_token_limit_is_an_error_event_for_each_append(engine, sentence):
+async def test_openai_prompt_names_the_model_cannot_write_are_left_out_not_refused(engine, sentence):
+    """A prompt is a hint: a name in it with characters the model has no piece for is left out
+    (an explicit keyword would be refused), accents are dropped where that makes a name writable."""
     pcm = encode_audio(oai.at_rate(sentence, oai.RATE), "pcm16")
 
     async def script(session) -> None:
-        await session.update(transcription(keywords=[TOO_LONG]))
-        await session.append(pcm[:9600], oai.RATE, 2)  # two appends of 0.1 s
-        await session.until("error", 2)
-        await session.update(transcription(keywords=["Kubernetes"]))  # the client sets it right
+        await session.update(transcription(prompt="Names: 日本, Zoë, Anya Okafor"))
         await session.transcribe(pcm)
 
-    spy = SpyEngine(engine, too_many_tokens=(TOO_LONG,))
+    spy = SpyEngine(engine)
     async with running_server(spy) as ctx:
         events = await oai.in_thread(oai.run_sdk(ctx, script))
-    errors = [e["error"] for e in events if e["type"] == "error"]
-    assert [e["code"] for e in errors] == ["invalid_phrases"] * 2 and "tokens" in errors[0]["message"]
-    assert spy.phrases() == [(Phrase("Kubernetes"),)]
+    assert not [e for e in events if e["type"] == "error"]
+    assert spy.phrases() == [tuple(Phrase(text, hint=True) for text in ("日本", "Zoë", "Anya Okafor"))]
+    tree = boosting_tree(spy.phrases()[0], engine.model.tokenizer)
+    assert tree.root_token.tolist() == sorted({engine.model.tokenizer.encode(w)[0] for w in ("zoe", "anya okafor")})
 
 
 async def test_openai_files_keywords_and_prompt(engine, sentence):
@@ -367,7 +362,7 @@ async def test_openai_files_keywords_and_prompt(engine, sentence):
         with pytest.raises(openai.BadRequestError) as sdk_error:
             await oai_files.create(ctx, wav, keywords=["Acme"], prompt="Anya\x07Okafor")
         tokens = await post(port, oai_files.PATH, multipart({"keywords[]": TOO_LONG}, wav), form)
-    assert result.text is not None and spied == [(Phrase("kubectl"), *EXPECTED)]
+    assert result.text is not None and spied == [(Phrase("kubectl"), *HINTED)]
     assert sdk_error.value.body["code"] == "invalid_phrases" and sdk_error.value.body["param"] == "prompt"
     for name in ("empty", "control characters"):
         assert BAD[name][1] in openai_error(refusals[name], 400, "invalid_phrases")["message"], name

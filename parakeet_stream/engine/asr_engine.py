@@ -136,6 +136,11 @@ class ASREngine:
         except (ValueError, TypeError, IndexError) as exc:
             raise EngineError("bad_lookahead", str(exc)) from None
 
+    def check_phrases(self, phrases: tuple[Phrase, ...]) -> None:
+        """PhraseError where a stream could not boost `phrases` (create_stream's check, for a
+        protocol that learns of its phrases before its first stream opens)."""
+        boosting_tree(phrases, self.model.tokenizer)
+
     # --- streams --------------------------------------------------------------------------
     def create_stream(self, lookahead: Lookahead | None = None, bulk: bool = False,
                       phrases: tuple[Phrase, ...] = ()) -> int:

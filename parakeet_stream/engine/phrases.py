@@ -39,6 +39,7 @@ LIMITS = BoostLimits(root_width=MAX_PHRASES, nodes=1 + MAX_PHRASES * MAX_PHRASE_
 class Phrase:
     text: str
     weight: float = DEFAULT_WEIGHT
+    hint: bool = False  # read out of a prompt: left out, not refused, where the model cannot write it
 
 
 class PhraseError(EngineError):
@@ -84,24 +85,48 @@ def _one(item) -> Phrase:
 
 def boosting_tree(phrases: tuple[Phrase, ...], tokenizer: Tokenizer | None) -> BoostingTree | None:
     """The boosting tree of a stream's checked phrases, tokenized with the model's tokenizer (lower
-    case for a model that writes none); None for no phrases. PhraseError for a phrase past
-    MAX_PHRASE_TOKENS, or phrases the slot pool cannot hold."""
+    case for a model that writes none, accents dropped where the model writes the letters without
+    them); None for no phrases. PhraseError for a phrase past MAX_PHRASE_TOKENS or with characters
+    the model cannot write (its tokenizer's unknown piece: boosting it would only push that piece),
+    or phrases the slot pool cannot hold; a hint the model cannot take is left out instead."""
     if not phrases:
         return None
     if tokenizer is None:
         raise PhraseError("this model has no tokenizer to read phrases with")
-    lower = _uncased(tokenizer)
     items = []
     for phrase in phrases:
-        tokens = tokenizer.encode(phrase.text.lower() if lower else phrase.text)
+        tokens = _tokens(phrase.text, tokenizer)
+        if phrase.hint and (tokens is None or len(tokens) > MAX_PHRASE_TOKENS):
+            continue
+        if tokens is None:
+            unwritable = sorted({ch for ch in phrase.text if _tokens(ch, tokenizer) is None})
+            raise PhraseError(f"the phrase {phrase.text!r} has characters this model cannot write: "
+                              f"{''.join(unwritable)!r}")
         if len(tokens) > MAX_PHRASE_TOKENS:
             raise PhraseError(f"the phrase {phrase.text!r} is {len(tokens)} tokens for this model: "
                               f"at most {MAX_PHRASE_TOKENS}")
         items.append((tokens, BONUS * phrase.weight))
+    if not items:
+        return None
     try:
         return BoostingTree(items, LIMITS)
     except ValueError as exc:
         raise PhraseError(str(exc)) from None
+
+
+def _tokens(text: str, tokenizer: Tokenizer) -> list[int] | None:
+    """The tokens of `text` as the model writes it ("Zoë" -> "zoe" for an uncased model without
+    "ë"); None where some character has no piece."""
+    if _uncased(tokenizer):
+        text = text.lower()
+    tokens = tokenizer.encode(text)
+    if tokenizer.unk_id in tokens:
+        tokens = tokenizer.encode(_unaccented(text))
+    return None if tokenizer.unk_id in tokens else tokens
+
+
+def _unaccented(text: str) -> str:
+    return "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
 
 
 @lru_cache(maxsize=8)

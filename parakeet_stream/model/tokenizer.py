@@ -58,6 +58,11 @@ class Tokenizer:
         return self._eou_id
 
     @property
+    def unk_id(self) -> int:
+        """The piece for text the model cannot write (byte-fallback models never produce it)."""
+        return self._sp.unk_id()
+
+    @property
     def special_ids(self) -> frozenset[int]:
         """Control and user-defined pieces (<s>, <EOU>, <EOB>): never text. Excludes blank."""
         return self._special_ids

@@ -13,13 +13,16 @@ OpenAI documents its prompt as a hint whose words are boosted; what that means h
   that starts with a capital letter, or has a digit or a capital after its first letter
   ("Kubernetes", "iPhone", "GPT-4o", "k8s"), and is not a COMMON word ("The", "Please");
 - punctuation around a word is not part of it; phrases are taken in order, each once, as many
-  as there is room for beside the explicit keywords (MAX_PHRASES in all).
+  as there is room for beside the explicit keywords (MAX_PHRASES in all);
+- a phrase the model cannot write (a character it has no piece for, accents aside) is left out,
+  where an explicit keyword would be refused.
 """
 from __future__ import annotations
 
 import re
 import unicodedata
 from collections.abc import Iterable
+from dataclasses import replace
 
 from ..engine.phrases import MAX_PHRASES, Phrase, PhraseError, check_phrases
 from .codes import ProtocolError
@@ -75,7 +78,7 @@ def prompt_phrases(prompt: str) -> tuple[Phrase, ...]:
         for text in [" ".join(words)] if len(words) <= LIST_ITEM_WORDS else _names(words):
             if text and len(found) < MAX_PHRASES:
                 found.setdefault(text)
-    return check_phrases(found)
+    return tuple(replace(phrase, hint=True) for phrase in check_phrases(found))
 
 
 def _names(words: list[str]) -> list[str]:

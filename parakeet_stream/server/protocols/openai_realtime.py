@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ...engine.phrases import PhraseError
 from ..codes import KEEP_OPEN, ProtocolError
 from ..protocol import Protocol
 from ..schema import InvalidField
@@ -25,7 +26,8 @@ from ..segments import State
 from ..session import Session
 from ..wire import decode_bytes
 from ..words import first_text_time
-from .openai_events import SCHEMA, Append, Clear, Commit, SessionUpdate, Settings, Transcription, client_event_id
+from .openai_events import (SCHEMA, TRANSCRIPTION_PATH, Append, Clear, Commit, SessionUpdate, Settings, Transcription,
+                            client_event_id)
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
@@ -117,7 +119,12 @@ class OpenAIRealtimeSession(Session):
             raise
 
     def _update(self, event: SessionUpdate) -> None:
-        self.settings = self.settings.updated(event.session, holds_audio=self.segments.state is not State.IDLE)
+        settings = self.settings.updated(event.session, holds_audio=self.segments.state is not State.IDLE)
+        try:  # what the model cannot boost is refused with the update, not at the next audio
+            self._engine.check_phrases(settings.phrases)
+        except PhraseError as exc:
+            raise InvalidField(exc.code, exc.message, f"{TRANSCRIPTION_PATH}.keywords") from None
+        self.settings = settings
         self.segments.rate = self.settings.format.rate
         self.segments.phrases = self.settings.phrases
         self.post({"type": "session.updated", "event_id": event_id(), "session": self.settings.describe()})
