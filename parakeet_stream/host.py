@@ -17,18 +17,23 @@ def single_threaded_host() -> None:
     torch.set_num_threads(1)
 
 
-def stage_threads(device: torch.device, encoder: bool, threads: int | None = None) -> int | None:
+def stage_threads(device: torch.device, encoder: bool, threads: int | None = None,
+                  reduced: bool = False) -> int | None:
     """Intra-op threads of one engine stage thread; None: leave torch's default (off CPU).
 
     On CPU each thread has its own OpenMP team. Only the encoder's big matmuls gain from one
-    (`threads`, default every usable core but one: the pre-encode and decode threads and the
-    server run on that one); decoding is thousands of tiny ops (a fork/join each would cost more
-    than the op), and a second team beside the encoder's would leave both waiting at barriers
-    for threads the other one preempted.
+    (`threads`); decoding is thousands of tiny ops (a fork/join each would cost more than the
+    op), and a second team beside the encoder's would leave both waiting at barriers for threads
+    the other one preempted. The encoder's default: every usable core when it runs in `reduced`
+    precision (its steps are short enough to share the cores with the pre-encode and decode
+    threads and the server: on 2 cores, 4x lower p95 lag at 20 bfloat16 streams), every core but
+    one in float32 (whose long steps slowed those threads down: no gain, sometimes a loss).
     """
     if device.type != "cpu":
         return None
-    return (threads or max(1, usable_cores() - 1)) if encoder else 1
+    if not encoder:
+        return 1
+    return threads or (usable_cores() if reduced else max(1, usable_cores() - 1))
 
 
 def usable_cores() -> int:

@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--threads", type=int, default=None,
-                    help="the encoder's intra-op threads (default: the engine's, every usable core but one)")
+                    help="the encoder's intra-op threads (default: the engine's, see parakeet-serve --help)")
     ap.add_argument("--files", type=int, default=8, help="files in the many-files phases")
     ap.add_argument("--file-seconds", type=float, default=30.0, help="audio per file")
     ap.add_argument("--live", type=int, default=4, help="real-time streams beside the files")

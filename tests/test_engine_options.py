@@ -43,6 +43,8 @@ def test_only_the_encode_stage_gets_an_openmp_team_on_cpu():
     cpu = torch.device("cpu")
     assert host.stage_threads(cpu, encoder=True, threads=3) == 3
     assert host.stage_threads(cpu, encoder=True) == max(1, host.usable_cores() - 1)
+    assert host.stage_threads(cpu, encoder=True, reduced=True) == host.usable_cores()
+    assert host.stage_threads(cpu, encoder=True, threads=3, reduced=True) == 3
     assert host.stage_threads(cpu, encoder=False, threads=3) == 1
     assert host.stage_threads(torch.device("cuda"), encoder=True, threads=3) is None
 

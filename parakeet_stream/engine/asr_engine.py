@@ -246,7 +246,8 @@ class ASREngine:
         """Each stage on its own thread (pipeline.py); postprocess and publish follow decode on its
         thread. The runner's stages are looked up at each step, so replacing one (fault injection) works."""
         runner = self.runner
-        team = stage_threads(self.device, encoder=True, threads=threads)
+        team = stage_threads(self.device, encoder=True, threads=threads,
+                             reduced=self.model.encoder_dtype != torch.float32)
         alone = stage_threads(self.device, encoder=False, threads=threads)
         enter = runner.streams.enter
         return Pipeline(
