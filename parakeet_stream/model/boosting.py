@@ -144,8 +144,9 @@ def _deep_arcs(children, fail, order) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def word_starts(tokenizer: Tokenizer | None, labels: int) -> np.ndarray:
-    """[labels] bool: the labels that start a word (the word-boundary mark, no letter, digit or apostrophe, or a
-    control piece); blank (the last label) and, without a tokenizer, every label: False."""
+    """[labels] bool: the labels that start a word (the word-boundary mark, no letter, digit or
+    apostrophe, or a control piece); blank (the last label) and, without a tokenizer, every
+    label: False. An apostrophe glues letters on ("metformin" + "'s")."""
     starts = np.zeros(labels, dtype=bool)
     if tokenizer is not None:
         for i in range(tokenizer.vocab_size):
