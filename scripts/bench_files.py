@@ -34,6 +34,7 @@ import trio
 from bench_engine import speech
 
 from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine.options import thread_count
 from parakeet_stream.host import single_threaded_host
 from parakeet_stream.model.loading import load_model
 from parakeet_stream.model.parakeet import ParakeetModel
@@ -139,7 +140,7 @@ def main() -> None:
     ap.add_argument("--model", default="demo", help="demo, small, large or a model folder")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--threads", type=thread_count, default=None,
                     help="the encoder's intra-op threads (default: the engine's, see parakeet-serve --help)")
     ap.add_argument("--files", type=int, default=8, help="files in the many-files phases")
     ap.add_argument("--file-seconds", type=float, default=30.0, help="audio per file")

@@ -28,6 +28,17 @@ def test_flags_become_engine_keyword_arguments():
         ap.parse_args(["--lookahead", "70"])
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "two"])
+def test_a_thread_count_below_one_or_not_a_whole_number_is_refused_by_the_flag_and_the_engine(value, capsys):
+    ap = argparse.ArgumentParser()
+    options.add_engine_arguments(ap)
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--threads", value])
+    assert "--threads: must be a whole number of threads, at least 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        ASREngine("demo", threads=0)
+
+
 def test_auto_slots_fill_half_the_free_memory(eou_model, monkeypatch):
     per_slot = EncoderCache.slot_bytes(eou_model.cfg.encoder, torch.float32)
     cache = EncoderCache.zeros(eou_model.cfg.encoder, 1)

@@ -60,6 +60,8 @@ class ASREngine:
         """max_batch: most streams per step (default: every slot on CPU; sized to memory on CUDA,
         memory.py); latency_target: seconds, p95 from a chunk's last sample to its result taken
         (latency.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA)."""
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
         self.device = torch.device(device)
         check_precision(self.device, dtype, quantize)  # before any weights move
         if not isinstance(model, ParakeetModel):

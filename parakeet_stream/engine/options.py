@@ -24,8 +24,9 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
                     help="encoder precision (default auto: the fastest reduced precision that keeps float32's tokens "
                          "in a check on this device at start-up, else float32; float32 is token-exact with NeMo)")
     ap.add_argument("--quantize", default=None, choices=QUANTIZE, help="dynamic int8 encoder matmuls (CPU only)")
-    ap.add_argument("--threads", type=int, default=None, help="the encoder's intra-op threads on CPU (default: every usable core in bfloat16/float16, "
-                    "every usable core but one in float32, at least one)")
+    ap.add_argument("--threads", type=thread_count, default=None,
+                    help="the encoder's intra-op threads on CPU (default: every usable core in bfloat16/float16, "
+                         "every usable core but one in float32, at least one)")
     ap.add_argument("--lookahead", "--att-context-size", type=_lookahead, default=None,
                     help="default lookahead mode L,R (attention context frames), e.g. 70,1 (default: the model's first; "
                          "for files, the longest)")
@@ -45,6 +46,17 @@ def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dt
     """Slots whose encoder caches fit in half the free memory of the device, at most `cap`."""
     per_slot = max(EncoderCache.slot_bytes(model.cfg.encoder, dtype), 1)
     return max(1, min(cap, int(free_memory(device) * 0.5) // per_slot))
+
+
+def thread_count(text: str) -> int:
+    """--threads: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of threads, at least 1, got {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:
