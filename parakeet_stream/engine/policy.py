@@ -44,6 +44,8 @@ simulated clock.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
 
@@ -70,6 +72,12 @@ class StepCost:
     def __init__(self, alpha: float = 0.3):
         self.alpha = alpha
         self._seconds: dict[int, float] = {}
+        # the measured batches and their costs made monotone, what predictions interpolate: no batch
+        # costs more than a larger one was measured to (a step of fewer streams does no more work;
+        # on a CPU a narrow step timed under contention could cost more than a wide one, and the
+        # policy's bisection over batch sizes then settled on narrow steps, two per round of files)
+        self._batches: list[int] = []
+        self._costs: list[float] = []
 
     @property
     def measured(self) -> bool:
@@ -77,11 +85,13 @@ class StepCost:
 
     def knows(self, batch: int) -> bool:
         """A batch this size or smaller was measured: its cost is not just bounded by a larger one's."""
-        return any(b <= batch for b in self._seconds)
+        return bool(self._batches) and self._batches[0] <= batch
 
     def record(self, batch: int, seconds: float) -> None:
         old = self._seconds.get(batch)
         self._seconds[batch] = seconds if old is None else old + self.alpha * (seconds - old)
+        self._batches = sorted(self._seconds)
+        self._costs = list(itertools.accumulate((self._seconds[b] for b in reversed(self._batches)), min))[::-1]
 
     def record_step(self, chunks: list[int], seconds: float) -> None:
         """A step with `chunks` per stream (at least 1 each) took `seconds`: its rounds at their mean batch."""
@@ -93,26 +103,16 @@ class StepCost:
         return sum(self(sum(1 for c in chunks if c > r)) for r in range(max(chunks, default=0)))
 
     def __call__(self, batch: int) -> float:
-        """Never less for a larger batch (the policy searches batch sizes by bisection): a step of
-        fewer streams does no more work, so no batch costs more than a larger one was measured to
-        (measured on a CPU, a narrow step timed under contention could cost more than a wide one,
-        and a bisection over such costs settled on narrow steps, two per round of files)."""
-        if batch <= 0 or not self._seconds:
+        if batch <= 0 or not self._batches:
             return 0.0
-        larger = [s for b, s in self._seconds.items() if b >= batch]
-        return min(self._interpolated(batch), min(larger)) if larger else self._interpolated(batch)
-
-    def _interpolated(self, batch: int) -> float:
-        if batch in self._seconds:
-            return self._seconds[batch]
-        lower = max((b for b in self._seconds if b < batch), default=None)
-        upper = min((b for b in self._seconds if b > batch), default=None)
-        if upper is None:  # beyond what was measured: no cheaper per stream than the largest batch
-            return self._seconds[lower] * batch / lower
-        if lower is None:
-            return self._seconds[upper]
-        lo, hi = self._seconds[lower], self._seconds[upper]
-        return lo + (hi - lo) * (batch - lower) / (upper - lower)
+        batches, costs = self._batches, self._costs
+        i = bisect.bisect_left(batches, batch)
+        if i == len(batches):  # beyond what was measured: no cheaper per stream than the largest batch
+            return costs[-1] * batch / batches[-1]
+        if batches[i] == batch or i == 0:  # (a smaller batch than any measured: at most the smallest's cost)
+            return costs[i]
+        lower, upper = batches[i - 1], batches[i]
+        return costs[i - 1] + (costs[i] - costs[i - 1]) * (batch - lower) / (upper - lower)
 
 
 @dataclass
