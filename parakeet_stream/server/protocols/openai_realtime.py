@@ -120,10 +120,11 @@ class OpenAIRealtimeSession(Session):
 
     def _update(self, event: SessionUpdate) -> None:
         settings = self.settings.updated(event.session, holds_audio=self.segments.state is not State.IDLE)
-        try:  # what the model cannot boost is refused with the update, not at the next audio
-            self._engine.check_phrases(settings.phrases)
-        except PhraseError as exc:
-            raise InvalidField(exc.code, exc.message, f"{TRANSCRIPTION_PATH}.keywords") from None
+        if settings.phrases != self.settings.phrases:
+            try:  # what the model cannot boost is refused with the update, not at the next audio
+                self._engine.check_phrases(settings.phrases)
+            except PhraseError as exc:
+                raise InvalidField(exc.code, exc.message, f"{TRANSCRIPTION_PATH}.keywords") from None
         self.settings = settings
         self.segments.rate = self.settings.format.rate
         self.segments.phrases = self.settings.phrases
