@@ -148,6 +148,7 @@ NATIVE_BAD = {
     "weight as text": ([{"text": "Kubernetes", "weight": "high"}], "Expected `float | null`"),
     "weight 0": ([{"text": "Kubernetes", "weight": 0}], "weight must be a number above 0"),
     "weight 11": ([{"text": "Kubernetes", "weight": 11}], "at most 10"),
+    "characters the model cannot write": (["Anya Okafor", "日本"], "cannot write: '日本'"),
     "no text": ([{"weight": 2}], "'phrases[0].text' is required"),
     "a misspelled field": ([{"text": "Kubernetes", "boost": 2}], "unknown field"),
 }
@@ -403,6 +404,7 @@ async def test_riva_bad_speech_contexts_are_invalid_argument(engine, sentence, s
     cases = {name: (contexts(phrases), said) for name, (phrases, said) in BAD.items()}
     cases["negative boost"] = (contexts(["Acme"], -10.0), "negative")
     cases["too many tokens"] = (contexts([TOO_LONG]), "tokens")
+    cases["characters the model cannot write"] = (contexts(["日本"]), "cannot write")
 
     def run(ctx):
         out = {}
