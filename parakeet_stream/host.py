@@ -36,6 +36,17 @@ def stage_threads(device: torch.device, encoder: bool, threads: int | None = Non
     return threads or (usable_cores() if reduced else max(1, usable_cores() - 1))
 
 
+def pre_encode_beside(device: torch.device, team: int | None) -> bool:
+    """Whether the pre-encode stage gets a thread of its own beside the encoder's: off CPU (the
+    host prepares one step while the device runs another), or where the encoder's team leaves a
+    core free. Where the team takes every core, a pre-encode thread only preempts it (a team
+    waits at each op's barrier for a preempted thread) and pre-encodes each step long before
+    the encoder can take it, on what had arrived by then; on the encode thread it runs with the
+    team, just before the encoder, on everything that arrived meanwhile (on 2 cores in bfloat16:
+    half the chunk latency at p50, lower finalization lag; docs/performance.md)."""
+    return device.type != "cpu" or team is None or team < usable_cores()
+
+
 def usable_cores() -> int:
     """The cores this process may use (intra-op threads per stage by default)."""
     try:

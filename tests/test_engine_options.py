@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import threading
 
 import numpy as np
 import pytest
@@ -60,18 +61,24 @@ def test_only_the_encode_stage_gets_an_openmp_team_on_cpu():
     assert host.stage_threads(torch.device("cuda"), encoder=True, threads=3) is None
 
 
-def test_each_stage_thread_runs_with_its_own_openmp_team(eou_model, monkeypatch):
+@pytest.mark.parametrize("cores, pre_encode_thread", [(4, "pre-encode"), (2, "pre-encode + encode")])
+def test_each_stage_thread_runs_with_its_own_openmp_team(eou_model, monkeypatch, cores, pre_encode_thread):
     """The team sizes the stage threads set are the ones their work runs with (a thread's first
-    query of its team used to reset it to the size another thread set last: the encoder ran on one)."""
-    seen: dict[str, int] = {}
+    query of its team used to reset it to the size another thread set last: the encoder ran on one).
+    A team of 2 leaves cores free on 4 (pre-encode has a thread of its own, single-threaded); on 2
+    it takes every core, and pre-encode runs on the encode thread, with its team."""
+    monkeypatch.setattr(host, "usable_cores", lambda: cores)
+    seen: dict[str, tuple[str, int]] = {}
     for name in ("pre_encode", "encode", "decode"):
         run = getattr(ModelRunner, name)
 
         def counted(self, step, run=run, name=name):
-            seen[name] = torch.get_num_threads()
+            seen[name] = (threading.current_thread().name, torch.get_num_threads())
             return run(self, step)
 
         monkeypatch.setattr(ModelRunner, name, counted)
     with ASREngine(eou_model, "cpu", max_num_streams=2, threads=2) as engine:
         run_stream(engine, np.zeros(16000, np.float32))
-    assert seen == {"pre_encode": 1, "encode": 2, "decode": 1}
+    team = 2 if cores == 2 else 1
+    encode_thread = "pre-encode + encode" if cores == 2 else "encode"
+    assert seen == {"pre_encode": (pre_encode_thread, team), "encode": (encode_thread, 2), "decode": ("decode", 1)}

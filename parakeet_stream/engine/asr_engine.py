@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..audio import SAMPLE_RATE, check_samples
-from ..host import free_memory, stage_threads
+from ..host import free_memory, pre_encode_beside, stage_threads
 from ..model.config import Lookahead
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
@@ -245,20 +245,26 @@ class ASREngine:
 
     # --- the step route: schedule -> pre-encode -> encode -> decode -> postprocess -> publish ---
     def _route(self, threads: int | None) -> Pipeline:
-        """Each stage on its own thread (pipeline.py); postprocess and publish follow decode on its
-        thread. The runner's stages are looked up at each step, so replacing one (fault injection) works."""
+        """Each stage on its own thread (pipeline.py), except pre-encode where the encoder's team takes
+        every core (host.pre_encode_beside): it then runs on the encode thread. Postprocess and
+        publish follow decode on its thread. The runner's stages are looked up at each step, so replacing one (fault injection) works."""
         runner = self.runner
         team = stage_threads(self.device, encoder=True, threads=threads,
                              reduced=self.model.encoder_dtype != torch.float32)
         alone = stage_threads(self.device, encoder=False, threads=threads)
         enter = runner.streams.enter
+        if pre_encode_beside(self.device, team):
+            stages = [Stage("pre-encode", lambda step: runner.pre_encode(step), alone, partial(enter, "pre-encode")),
+                      Stage("encode", lambda step: runner.encode(step), team, partial(enter, "encode"))]
+        else:  # the encoder's team takes every core: pre-encode runs with it, on the encode thread
+            def pre_encode_and_encode(step: Step) -> None:
+                runner.pre_encode(step)
+                runner.encode(step)
+
+            stages = [Stage("pre-encode + encode", pre_encode_and_encode, team)]
         return Pipeline(
             schedule=self.scheduler.schedule,
-            stages=[
-                Stage("pre-encode", lambda step: runner.pre_encode(step), alone, partial(enter, "pre-encode")),
-                Stage("encode", lambda step: runner.encode(step), team, partial(enter, "encode")),
-                Stage("decode", self._decode, alone, partial(enter, "decode")),
-            ],
+            stages=stages + [Stage("decode", self._decode, alone, partial(enter, "decode"))],
             deliver=self._deliver,
             fail=self._fail,
         )
