@@ -17,23 +17,22 @@ def single_threaded_host() -> None:
     torch.set_num_threads(1)
 
 
-def stage_threads(device: torch.device, encoder: bool, threads: int | None = None,
-                  reduced: bool = False) -> int | None:
+def stage_threads(device: torch.device, encoder: bool, threads: int | None = None) -> int | None:
     """Intra-op threads of one engine stage thread; None: leave torch's default (off CPU).
 
     On CPU each thread has its own OpenMP team. Only the encoder's big matmuls gain from one
-    (`threads`); decoding is thousands of tiny ops (a fork/join each would cost more than the
-    op), and a second team beside the encoder's would leave both waiting at barriers for threads
-    the other one preempted. The encoder's default: every usable core when it runs in `reduced`
-    precision (its steps are short enough to share the cores with the pre-encode and decode
-    threads and the server: on 2 cores, 4x lower p95 lag at 20 bfloat16 streams), every core but
-    one in float32 (whose long steps slowed those threads down: no gain, sometimes a loss).
+    (`threads`, by default every usable core); decoding is thousands of tiny ops (a fork/join each
+    would cost more than the op), and a second team beside the encoder's would leave both waiting
+    at barriers for threads the other one preempted. With every core in the encoder's team,
+    pre-encode runs on its thread (`pre_encode_beside`): on 2 cores that made every core the
+    fastest team in float32 as well as bfloat16, where every core but one had been float32's
+    (docs/performance.md, section 2).
     """
     if device.type != "cpu":
         return None
     if not encoder:
         return 1
-    return threads or (usable_cores() if reduced else max(1, usable_cores() - 1))
+    return threads or usable_cores()
 
 
 def pre_encode_beside(device: torch.device, team: int | None) -> bool:

@@ -54,9 +54,7 @@ def test_auto_slots_fill_half_the_free_memory(eou_model, monkeypatch):
 def test_only_the_encode_stage_gets_an_openmp_team_on_cpu():
     cpu = torch.device("cpu")
     assert host.stage_threads(cpu, encoder=True, threads=3) == 3
-    assert host.stage_threads(cpu, encoder=True) == max(1, host.usable_cores() - 1)
-    assert host.stage_threads(cpu, encoder=True, reduced=True) == host.usable_cores()
-    assert host.stage_threads(cpu, encoder=True, threads=3, reduced=True) == 3
+    assert host.stage_threads(cpu, encoder=True) == host.usable_cores()
     assert host.stage_threads(cpu, encoder=False, threads=3) == 1
     assert host.stage_threads(torch.device("cuda"), encoder=True, threads=3) is None
 
@@ -82,3 +80,11 @@ def test_each_stage_thread_runs_with_its_own_openmp_team(eou_model, monkeypatch,
     team = 2 if cores == 2 else 1
     encode_thread = "pre-encode + encode" if cores == 2 else "encode"
     assert seen == {"pre_encode": (pre_encode_thread, team), "encode": (encode_thread, 2), "decode": ("decode", 1)}
+
+
+def test_pre_encode_has_a_thread_of_its_own_only_where_the_encoders_team_leaves_a_core(monkeypatch):
+    monkeypatch.setattr(host, "usable_cores", lambda: 4)
+    cpu = torch.device("cpu")
+    assert not host.pre_encode_beside(cpu, 4)
+    assert host.pre_encode_beside(cpu, 3)
+    assert host.pre_encode_beside(torch.device("cuda"), None)

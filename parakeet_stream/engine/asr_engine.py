@@ -249,8 +249,7 @@ class ASREngine:
         every core (host.pre_encode_beside): it then runs on the encode thread. Postprocess and
         publish follow decode on its thread. The runner's stages are looked up at each step, so replacing one (fault injection) works."""
         runner = self.runner
-        team = stage_threads(self.device, encoder=True, threads=threads,
-                             reduced=self.model.encoder_dtype != torch.float32)
+        team = stage_threads(self.device, encoder=True, threads=threads)
         alone = stage_threads(self.device, encoder=False, threads=threads)
         enter = runner.streams.enter
         if pre_encode_beside(self.device, team):
