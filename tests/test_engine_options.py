@@ -59,8 +59,12 @@ def test_only_the_encode_stage_gets_an_openmp_team_on_cpu():
     assert host.stage_threads(torch.device("cuda"), encoder=True, threads=3) is None
 
 
-@pytest.mark.parametrize("cores, pre_encode_thread", [(4, "pre-encode"), (2, "pre-encode + encode")])
-def test_each_stage_thread_runs_with_its_own_openmp_team(eou_model, monkeypatch, cores, pre_encode_thread):
+ALONE = {"pre_encode": ("pre-encode", 1), "encode": ("encode", 2), "decode": ("decode", 1)}
+WITH_ENCODER = {"pre_encode": ("pre-encode + encode", 2), "encode": ("pre-encode + encode", 2), "decode": ("decode", 1)}
+
+
+@pytest.mark.parametrize("cores, expected", [(4, ALONE), (2, WITH_ENCODER)])
+def test_each_stage_thread_runs_with_its_own_openmp_team(eou_model, monkeypatch, cores, expected):
     """The team sizes the stage threads set are the ones their work runs with (a thread's first
     query of its team used to reset it to the size another thread set last: the encoder ran on one).
     A team of 2 leaves cores free on 4 (pre-encode has a thread of its own, single-threaded); on 2
@@ -77,9 +81,7 @@ def test_each_stage_thread_runs_with_its_own_openmp_team(eou_model, monkeypatch,
         monkeypatch.setattr(ModelRunner, name, counted)
     with ASREngine(eou_model, "cpu", max_num_streams=2, threads=2) as engine:
         run_stream(engine, np.zeros(16000, np.float32))
-    team = 2 if cores == 2 else 1
-    encode_thread = "pre-encode + encode" if cores == 2 else "encode"
-    assert seen == {"pre_encode": (pre_encode_thread, team), "encode": (encode_thread, 2), "decode": ("decode", 1)}
+    assert seen == expected
 
 
 def test_pre_encode_has_a_thread_of_its_own_only_where_the_encoders_team_leaves_a_core(monkeypatch):

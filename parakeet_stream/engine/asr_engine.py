@@ -247,7 +247,8 @@ class ASREngine:
     def _route(self, threads: int | None) -> Pipeline:
         """Each stage on its own thread (pipeline.py), except pre-encode where the encoder's team takes
         every core (host.pre_encode_beside): it then runs on the encode thread. Postprocess and
-        publish follow decode on its thread. The runner's stages are looked up at each step, so replacing one (fault injection) works."""
+        publish follow decode on its thread. The runner's stages are looked up at each step, so
+        replacing one (fault injection) works."""
         runner = self.runner
         team = stage_threads(self.device, encoder=True, threads=threads)
         alone = stage_threads(self.device, encoder=False, threads=threads)

@@ -28,7 +28,7 @@ class CausalConv2d(nn.Conv2d):
     """Pads LEFT_PAD before and RIGHT_PAD after, in time and frequency: as the convolution's own
     padding of LEFT_PAD on both sides, less the last output row or column the extra padding makes
     (its zeros change no other output). The convolution pads in place, where `F.pad` copied the
-    input out of channels-last: pre-encode at batch 16 took 2.2x as long that way (docs/performance.md)."""
+    input out of channels-last: pre-encode at batch 16 took 2-3x as long that way (docs/performance.md)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, padding=LEFT_PAD, **kwargs)
