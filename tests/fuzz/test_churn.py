@@ -146,6 +146,10 @@ def test_each_door_holds_its_documented_memory_bound(tiny_model_dir, tmp_path, s
     bound_mb = connection_bytes(ServerConfig(**BUDGET)) / MB
     doors = Doors(encode_audio(sentence[:16000], "pcm16"))
     try:
+        # a first round, not counted: until connections have come and gone once, the server's heap still
+        # holds start-up's freed memory, which the first door's connections reused (measured 0.4 MB
+        # where every later door measured 1.1-1.3)
+        trio.run(queued_cost, server, doors, next(iter(doors.doors)))
         per_connection = {door: trio.run(queued_cost, server, doors, door) for door in doors.doors}
     finally:
         server.close()
