@@ -80,8 +80,13 @@ def test_each_stage_thread_runs_with_its_own_openmp_team(eou_model, monkeypatch,
 
         monkeypatch.setattr(ModelRunner, name, counted)
     with ASREngine(eou_model, "cpu", max_num_streams=2, threads=2) as engine:
-        run_stream(engine, np.zeros(16000, np.float32))
+        results = run_stream(engine, np.zeros(16000, np.float32))
+        stats = engine.stats()
     assert seen == expected
+    # whichever thread ran it, each stage's time is counted under its own name (/metrics reports it)
+    assert set(stats["stage_seconds"]) == {"pre-encode", "encode", "decode"}
+    assert all(seconds > 0 for seconds in stats["stage_seconds"].values())
+    assert stats["step_chunks"] == sum(not r.is_final for r in results) and 1 <= stats["steps"] <= stats["step_chunks"]
 
 
 def test_pre_encode_has_a_thread_of_its_own_only_where_the_encoders_team_leaves_a_core(monkeypatch):

@@ -47,6 +47,20 @@ async def test_cli_config_ready_line_and_health(server_process):
     assert status == 200 and health["status"] == "ok" and health["ports"] == server_process.ports
 
 
+async def test_metrics_count_the_engines_steps_chunks_and_seconds_per_stage(engine, sentence):
+    async with running_server(engine) as ctx:
+        _, before = await http_get(ctx.config.ports["http"], "/metrics")
+        results = await transcribe_raw(url(ctx, "tcp"), sentence)
+        _, after = await http_get(ctx.config.ports["http"], "/metrics")
+
+    def grew(name: str) -> float:
+        return metric(after, name) - metric(before, name)
+
+    steps, chunks = grew("parakeet_steps_total"), grew("parakeet_step_chunks_total")
+    assert 1 <= steps <= chunks and chunks >= len(results) - 1  # a result per chunk at most, and the final
+    assert all(grew(f'parakeet_stage_seconds_total{{stage="{stage}"}}') > 0 for stage in ("pre-encode", "encode", "decode"))
+
+
 async def test_each_connection_logs_one_line_when_it_opens_and_one_when_it_closes(engine, sentence, caplog):
     caplog.set_level(logging.INFO, logger="parakeet_stream.connections")
     async with running_server(engine) as ctx:

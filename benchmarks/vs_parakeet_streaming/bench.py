@@ -54,8 +54,8 @@ def loadavg():
 
 
 class Server:
-    def __init__(self, name, cmd, env, port, ready):
-        self.name, self.port = name, port
+    def __init__(self, name, cmd, env, port, ready, metrics=None):
+        self.name, self.port, self.metrics = name, port, metrics  # metrics: its Prometheus URL, if it has one
         self.log = open(WORK / f"{name}-server.log", "w")
         self.p = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 180
@@ -120,7 +120,7 @@ def run_load(server: Server, n: int, wav: str, seed: int, label: str):
     t0 = time.monotonic()
     cmd = [sys.executable, str(HERE / "loadgen.py"), "--port", str(server.port), "--wav", wav,
            "--clients", str(n), "--seed", str(seed), "--label", label,
-           "--out", str(WORK / "results" / "streams" / f"{label}.json")]
+           "--out", str(WORK / "results" / "streams" / f"{label}.json")] + (["--metrics", server.metrics] if server.metrics else [])
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
         summ = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else \
@@ -138,8 +138,11 @@ def run_load(server: Server, n: int, wav: str, seed: int, label: str):
                 rss_after_mb=round(rss_mb(pid)) if alive else None,
                 threads=nthreads(pid) if alive else None, load=loadavg())
     server.stop()
-    print(json.dumps({k: summ.get(k) for k in ("server", "clients", "ok", "lag_p50", "lag_p95", "over_max",
-                                                "finished", "server_cpu_s", "rss_peak_mb", "errors")}), flush=True)
+    shown = {k: summ.get(k) for k in ("server", "clients", "ok", "lag_p50", "lag_p95", "over_max",
+                                      "finished", "server_cpu_s", "rss_peak_mb", "errors")}
+    if "server_metrics" in summ:  # what ours measured itself (loadgen --metrics)
+        shown.update({k: summ["server_metrics"].get(k) for k in ("chunk_p95", "chunks_per_step")})
+    print(json.dumps(shown), flush=True)
     return summ
 
 
@@ -165,7 +168,8 @@ def main():
 
     A = Server("ours", [str(WORK / "ours-venv/bin/parakeet-serve"), "--model", a.ours_model, "--device", "cpu",
                         "--host", "127.0.0.1", "--port", "18765", "--ws-port", "18000", "--http-port", "18080",
-                        "--max-num-streams", str(a.slots), *shlex.split(a.ours_args)], env, 18765, ours_ready)
+                        "--max-num-streams", str(a.slots), *shlex.split(a.ours_args)], env, 18765, ours_ready,
+               metrics="http://127.0.0.1:18080/metrics")
     A.stop()
     B = Server("ps", [str(WORK / "ps-venv/bin/parakeet-server"), "serve", "--device", "cpu", "--host", "127.0.0.1",
                       "--port", "28765", "--ws-port", "28000", "--status-port", "28766", "--model-size", "small",

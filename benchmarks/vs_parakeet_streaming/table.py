@@ -22,6 +22,12 @@ def cell(runs):
     return lag, over
 
 
+def chunk_cell(runs):
+    """Ours' own chunk latency p50/p95 (its /metrics over the run: every chunk, not one lag per stream)."""
+    figures = [r["server_metrics"] for r in runs if r.get("server_metrics")]
+    return " ; ".join(f"{ms(f.get('chunk_p50'))}/{ms(f.get('chunk_p95'))}" for f in figures) or "-"
+
+
 LINES = (0.32, 0.5, 1.0)  # p95 lines: voice agents draw theirs near 320-500 ms, live captions near 1 s
 
 
@@ -58,16 +64,16 @@ for path in sys.argv[1:]:
     tr = r["trials"]
     print("(✗ = run failed: p95 lag > 320 ms, max overrun > 500 ms or unfinished; ';' separates repeated runs)")
     print(f"\n### threads={r['threads']}  (load avg start {r['load_start']}, end {r['load_end']})\n")
-    print("| N | ours lag p50/p95 ms | ours max overrun ms | parakeet-streaming lag p50/p95 ms "
-          "| parakeet-streaming max overrun ms | server CPU-s ours/ps | RSS peak MB ours/ps |")
-    print("|---|---|---|---|---|---|---|")
+    print("| N | ours lag p50/p95 ms | ours max overrun ms | ours chunk latency p50/p95 ms | parakeet-streaming lag "
+          "p50/p95 ms | parakeet-streaming max overrun ms | server CPU-s ours/ps | RSS peak MB ours/ps |")
+    print("|---|---|---|---|---|---|---|---|")
     for n in sorted({t["clients"] for t in tr}):
         a = [t for t in tr if t["server"] == "ours" and t["clients"] == n]
         b = [t for t in tr if t["server"] == "ps" and t["clients"] == n]
         (al, ao), (bl, bo) = cell(a), cell(b)
         cpu = f"{a[0].get('server_cpu_s', '-') if a else '-'}/{b[0].get('server_cpu_s', '-') if b else '-'}"
         rss = f"{a[0].get('rss_peak_mb', '-') if a else '-'}/{b[0].get('rss_peak_mb', '-') if b else '-'}"
-        print(f"| {n} | {al} | {ao} | {bl} | {bo} | {cpu} | {rss} |")
+        print(f"| {n} | {al} | {ao} | {chunk_cell(a)} | {bl} | {bo} | {cpu} | {rss} |")
     print()
     for line in LINES:
         ca, cb = capacity(tr, "ours", line), capacity(tr, "ps", line)

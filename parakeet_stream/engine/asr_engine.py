@@ -25,7 +25,7 @@ from .errors import EngineError, QueueFull
 from .inbox import Inbox
 from .info import EngineInfo
 from .latency import DEFAULT_TARGET
-from .model_runner import ModelRunner
+from .model_runner import STAGES, ModelRunner
 from .memory import plan_memory, slot_bytes, stream_bytes
 from .options import auto_num_streams
 from .phrases import Phrase, boosting_tree
@@ -34,7 +34,7 @@ from .policy import bulk_lookahead
 from .results import DecoderProgress, ResultBuilder, StreamResult
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
-from .step import Step
+from .step import Step, StepTotals
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class ASREngine:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._audio_seconds = 0.0
+        self._totals = StepTotals(seconds=dict.fromkeys(STAGES, 0.0))  # every stage in /metrics from the start
         self._started = False
         self.info = EngineInfo(
             sample_rate=self.sample_rate,
@@ -241,6 +242,8 @@ class ASREngine:
         out = self.scheduler.stats()
         with self._lock:
             out["audio_seconds"] = self._audio_seconds
+            out["steps"], out["step_chunks"] = self._totals.steps, self._totals.chunks
+            out["stage_seconds"] = dict(self._totals.seconds)
         return out
 
     # --- the step route: schedule -> pre-encode -> encode -> decode -> postprocess -> publish ---
@@ -253,18 +256,16 @@ class ASREngine:
         team = stage_threads(self.device, encoder=True, threads=threads)
         alone = stage_threads(self.device, encoder=False, threads=threads)
         enter = runner.streams.enter
+        pre_encode = ("pre-encode", lambda step: runner.pre_encode(step))
+        encode = ("encode", lambda step: runner.encode(step))
         if pre_encode_beside(self.device, team):
-            stages = [Stage("pre-encode", lambda step: runner.pre_encode(step), alone, partial(enter, "pre-encode")),
-                      Stage("encode", lambda step: runner.encode(step), team, partial(enter, "encode"))]
+            stages = [Stage("pre-encode", (pre_encode,), alone, partial(enter, "pre-encode")),
+                      Stage("encode", (encode,), team, partial(enter, "encode"))]
         else:  # the encoder's team takes every core: pre-encode runs with it, on the encode thread
-            def pre_encode_and_encode(step: Step) -> None:
-                runner.pre_encode(step)
-                runner.encode(step)
-
-            stages = [Stage("pre-encode + encode", pre_encode_and_encode, team)]
+            stages = [Stage("pre-encode + encode", (pre_encode, encode), team)]
         return Pipeline(
             schedule=self.scheduler.schedule,
-            stages=stages + [Stage("decode", self._decode, alone, partial(enter, "decode"))],
+            stages=stages + [Stage("decode", (("decode", self._decode),), alone, partial(enter, "decode"))],
             deliver=self._deliver,
             fail=self._fail,
         )
@@ -290,6 +291,8 @@ class ASREngine:
             wall = (time.monotonic() - step.started) * 1000
             log.debug("step: %d streams, %d results, %s ms, %.1f ms wall", len(step), len(step.results), ms, wall)
         _, changed = self.scheduler.postprocess(step)  # first, so a slot is free once its final result is out
+        with self._lock:
+            self._totals.add(step)
         for seq, result in step.results:
             seq.outbox.publish(result)
         _notify(changed)

@@ -1,7 +1,7 @@
 """The stage threads: one thread per stage, joined by FIFO queues, two steps in flight.
 
-The first thread takes each step from `schedule`; every thread runs its stage on the step and
-hands it to the next; after the last stage, `deliver` runs on the last thread. A stage that
+The first thread takes each step from `schedule`; every thread runs its stage(s) on the step,
+timing each under its name in `step.seconds`, and hands it to the next; after the last stage, `deliver` runs on the last thread. A stage that
 raises hands its step to `fail` instead, so only that step's streams fail. FIFO queues keep a
 stream's steps in order.
 """
@@ -29,8 +29,8 @@ _STOP = object()
 
 @dataclass(frozen=True)
 class Stage:
-    name: str
-    run: Callable[[Step], None]
+    name: str  # its thread's
+    runs: tuple[tuple[str, Callable[[Step], None]], ...]  # in order on each step, each timed under its name
     threads: int | None = None  # intra-op threads of its thread (None: torch's default)
     setup: Callable[[], None] | None = None  # first thing in its thread (CUDA: the device and the stage's stream)
 
@@ -72,15 +72,16 @@ class Pipeline:
                 if out is not None:
                     out.put(_STOP)
                 return
-            start = time.perf_counter()
             try:
                 with torch.inference_mode():
-                    stage.run(step)
+                    for name, run in stage.runs:
+                        start = time.perf_counter()
+                        run(step)
+                        step.seconds[name] = time.perf_counter() - start
             except Exception as exc:  # noqa: BLE001 - a model fault must not kill the thread
                 log.error("inference failed for %d stream(s): %r", len(step), exc)
                 self._fail(step)
                 continue
-            step.seconds[stage.name] = time.perf_counter() - start
             if out is not None:
                 out.put(step)
             else:

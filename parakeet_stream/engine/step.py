@@ -64,3 +64,18 @@ class Step:
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+@dataclass
+class StepTotals:
+    """The work of every step delivered, summed: steps, chunks encoded, seconds in each stage."""
+
+    steps: int = 0
+    chunks: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, step: Step) -> None:
+        self.steps += 1
+        self.chunks += sum(len(batch.items) for batch in step.batches)
+        for stage, seconds in step.seconds.items():
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds

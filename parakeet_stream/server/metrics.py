@@ -33,6 +33,18 @@ class EngineCollector:
         yield CounterMetricFamily(
             "parakeet_audio_seconds", "Seconds of audio processed by the engine", stats["audio_seconds"]
         )
+        yield CounterMetricFamily("parakeet_steps", "Engine steps run", stats["steps"])
+        yield CounterMetricFamily(
+            "parakeet_step_chunks", "Chunks encoded by the engine's steps (per step: the mean batch)", stats["step_chunks"]
+        )
+        stages = CounterMetricFamily(
+            "parakeet_stage_seconds",
+            "Seconds each engine stage spent on steps (host time: on CUDA, launching and waiting)",
+            labels=["stage"],
+        )
+        for stage, seconds in stats["stage_seconds"].items():
+            stages.add_metric([stage], seconds)
+        yield stages
 
 
 class Metrics:

@@ -1,0 +1,44 @@
+"""The side-by-side harness's load client against a real server: its own figures and the server's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import ServerProcess
+
+LOADGEN = Path(__file__).resolve().parent.parent / "benchmarks" / "vs_parakeet_streaming" / "loadgen.py"
+
+
+@pytest.fixture
+def server(tiny_model_dir):
+    server = ServerProcess(tiny_model_dir, "--max-num-streams", "4")
+    yield server
+    server.close()
+
+
+def test_the_load_client_reports_the_servers_chunk_latency_and_steps(server, engine, sentence, tmp_path):
+    """`engine` runs the server's model: its chunk length says how many chunks the server counts."""
+    wav = tmp_path / "sentence.wav"
+    with wave.open(str(wav), "wb") as f:
+        f.setnchannels(1), f.setsampwidth(2), f.setframerate(16000)
+        f.writeframes((sentence * 32768).astype("<i2").tobytes())
+    metrics = f"http://127.0.0.1:{server.ports['http']}/metrics"
+    out = subprocess.run([sys.executable, str(LOADGEN), "--port", str(server.ports["tcp"]), "--wav", str(wav),
+                          "--clients", "2", "--metrics", metrics], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["finished"] == 2 and not summary["errors"]
+    figures = summary["server_metrics"]
+    expected = 2 * np.ceil(len(sentence) / 16000 / engine.chunk_seconds())
+    assert expected - 2 <= figures["chunks"] <= expected + 2  # each stream's chunks, within one at its end
+    assert 0 < figures["chunk_p50"] <= figures["chunk_p95"]
+    assert 0 <= figures["chunk_share_le_320ms"] <= 1
+    assert 1 <= figures["steps"] <= figures["chunks"] and figures["chunks_per_step"] == figures["chunks"] / figures["steps"]
+    assert all(figures[f"ms_per_step_{stage}"] > 0 for stage in ("pre-encode", "encode", "decode"))
