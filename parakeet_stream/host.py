@@ -24,7 +24,7 @@ def stage_threads(device: torch.device, encoder: bool, threads: int | None = Non
     (`threads`, by default every usable core); decoding is thousands of tiny ops (a fork/join each
     would cost more than the op), and a second team beside the encoder's would leave both waiting
     at barriers for threads the other one preempted. With every core in the encoder's team,
-    pre-encode runs on its thread (`pre_encode_beside`): on 2 cores that made every core the
+    the other stages run on its thread (`stages_beside`): on 2 cores that made every core the
     fastest team in float32 as well as bfloat16, where every core but one had been float32's
     (docs/performance.md, section 2).
     """
@@ -35,14 +35,15 @@ def stage_threads(device: torch.device, encoder: bool, threads: int | None = Non
     return threads or usable_cores()
 
 
-def pre_encode_beside(device: torch.device, team: int | None) -> bool:
-    """Whether the pre-encode stage gets a thread of its own beside the encoder's: off CPU (the
-    host prepares one step while the device runs another), or where the encoder's team leaves a
-    core free. Where the team takes every core, a pre-encode thread only preempts it (a team
-    waits at each op's barrier for a preempted thread) and pre-encodes each step long before
-    the encoder can take it, on what had arrived by then; on the encode thread it runs with the
-    team, just before the encoder, on everything that arrived meanwhile (on 2 cores in bfloat16:
-    half the chunk latency at p50, lower finalization lag; docs/performance.md)."""
+def stages_beside(device: torch.device, team: int | None) -> bool:
+    """Whether pre-encode and decode get threads of their own beside the encoder's: off CPU (the
+    host prepares one step and decodes another while the device runs a third), or where the
+    encoder's team leaves a core free. Where the team takes every core, a thread beside it only
+    preempts it (a team waits at each op's barrier for a preempted thread), and a pre-encode
+    thread formed steps early, on what had arrived by then: the whole step (schedule, pre-encode,
+    encode, decode, results) then runs on the encode thread, with its team. On 2 cores that halved
+    the chunk latency p95 below capacity and moved the finalization lag at 16-20 bfloat16 streams
+    under 320 ms (docs/performance.md, section 2)."""
     return device.type != "cpu" or team is None or team < usable_cores()
 
 

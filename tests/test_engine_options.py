@@ -60,15 +60,15 @@ def test_only_the_encode_stage_gets_an_openmp_team_on_cpu():
 
 
 ALONE = {"pre_encode": ("pre-encode", 1), "encode": ("encode", 2), "decode": ("decode", 1)}
-WITH_ENCODER = {"pre_encode": ("pre-encode + encode", 2), "encode": ("pre-encode + encode", 2), "decode": ("decode", 1)}
+ONE_THREAD = {"pre_encode": ("step", 2), "encode": ("step", 2), "decode": ("step", 2)}
 
 
-@pytest.mark.parametrize("cores, expected", [(4, ALONE), (2, WITH_ENCODER)])
+@pytest.mark.parametrize("cores, expected", [(4, ALONE), (2, ONE_THREAD)])
 def test_each_stage_thread_runs_with_its_own_openmp_team(eou_model, monkeypatch, cores, expected):
     """The team sizes the stage threads set are the ones their work runs with (a thread's first
     query of its team used to reset it to the size another thread set last: the encoder ran on one).
-    A team of 2 leaves cores free on 4 (pre-encode has a thread of its own, single-threaded); on 2
-    it takes every core, and pre-encode runs on the encode thread, with its team."""
+    A team of 2 leaves cores free on 4 (pre-encode and decode have threads of their own,
+    single-threaded); on 2 it takes every core, and the whole step runs on its thread, with its team."""
     monkeypatch.setattr(host, "usable_cores", lambda: cores)
     seen: dict[str, tuple[str, int]] = {}
     for name in ("pre_encode", "encode", "decode"):
@@ -81,17 +81,16 @@ def test_each_stage_thread_runs_with_its_own_openmp_team(eou_model, monkeypatch,
         monkeypatch.setattr(ModelRunner, name, counted)
     with ASREngine(eou_model, "cpu", max_num_streams=2, threads=2) as engine:
         results = run_stream(engine, np.zeros(16000, np.float32))
-        stats = engine.stats()
+        totals = engine.step_totals()
     assert seen == expected
     # whichever thread ran it, each stage's time is counted under its own name (/metrics reports it)
-    assert set(stats["stage_seconds"]) == {"pre-encode", "encode", "decode"}
-    assert all(seconds > 0 for seconds in stats["stage_seconds"].values())
-    assert stats["step_chunks"] == sum(not r.is_final for r in results) and 1 <= stats["steps"] <= stats["step_chunks"]
+    assert set(totals.seconds) == {"pre-encode", "encode", "decode"} and all(totals.seconds.values())
+    assert totals.chunks == sum(not r.is_final for r in results) and 1 <= totals.steps <= totals.chunks + 1
 
 
-def test_pre_encode_has_a_thread_of_its_own_only_where_the_encoders_team_leaves_a_core(monkeypatch):
+def test_other_stages_have_threads_of_their_own_only_where_the_encoders_team_leaves_a_core(monkeypatch):
     monkeypatch.setattr(host, "usable_cores", lambda: 4)
     cpu = torch.device("cpu")
-    assert not host.pre_encode_beside(cpu, 4)
-    assert host.pre_encode_beside(cpu, 3)
-    assert host.pre_encode_beside(torch.device("cuda"), None)
+    assert not host.stages_beside(cpu, 4)
+    assert host.stages_beside(cpu, 3)
+    assert host.stages_beside(torch.device("cuda"), None)

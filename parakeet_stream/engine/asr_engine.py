@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..audio import SAMPLE_RATE, check_samples
-from ..host import free_memory, pre_encode_beside, stage_threads
+from ..host import free_memory, stage_threads, stages_beside
 from ..model.config import Lookahead
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
@@ -242,14 +242,17 @@ class ASREngine:
         out = self.scheduler.stats()
         with self._lock:
             out["audio_seconds"] = self._audio_seconds
-            out["steps"], out["step_chunks"] = self._totals.steps, self._totals.chunks
-            out["stage_seconds"] = dict(self._totals.seconds)
         return out
+
+    def step_totals(self) -> StepTotals:
+        """The work of every step delivered so far (a copy): steps, chunks encoded, seconds per stage."""
+        with self._lock:
+            return StepTotals(self._totals.steps, self._totals.chunks, dict(self._totals.seconds))
 
     # --- the step route: schedule -> pre-encode -> encode -> decode -> postprocess -> publish ---
     def _route(self, threads: int | None) -> Pipeline:
-        """Each stage on its own thread (pipeline.py), except pre-encode where the encoder's team takes
-        every core (host.pre_encode_beside): it then runs on the encode thread. Postprocess and
+        """Each stage on its own thread (pipeline.py), except where the encoder's team takes every
+        core (host.stages_beside): the whole step then runs on the encode thread. Postprocess and
         publish follow decode on its thread. The runner's stages are looked up at each step, so
         replacing one (fault injection) works."""
         runner = self.runner
@@ -258,17 +261,14 @@ class ASREngine:
         enter = runner.streams.enter
         pre_encode = ("pre-encode", lambda step: runner.pre_encode(step))
         encode = ("encode", lambda step: runner.encode(step))
-        if pre_encode_beside(self.device, team):
+        decode = ("decode", self._decode)
+        if stages_beside(self.device, team):
             stages = [Stage("pre-encode", (pre_encode,), alone, partial(enter, "pre-encode")),
-                      Stage("encode", (encode,), team, partial(enter, "encode"))]
-        else:  # the encoder's team takes every core: pre-encode runs with it, on the encode thread
-            stages = [Stage("pre-encode + encode", (pre_encode, encode), team)]
-        return Pipeline(
-            schedule=self.scheduler.schedule,
-            stages=stages + [Stage("decode", (("decode", self._decode),), alone, partial(enter, "decode"))],
-            deliver=self._deliver,
-            fail=self._fail,
-        )
+                      Stage("encode", (encode,), team, partial(enter, "encode")),
+                      Stage("decode", (decode,), alone, partial(enter, "decode"))]
+        else:  # on a CPU whose every core is in the encoder's team
+            stages = [Stage("step", (pre_encode, encode, decode), team)]
+        return Pipeline(schedule=self.scheduler.schedule, stages=stages, deliver=self._deliver, fail=self._fail)
 
     def _decode(self, step: Step) -> None:
         """The runner's greedy pass, then each chunk's result: text, times, end of utterance."""

@@ -26,7 +26,7 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quantize", default=None, choices=QUANTIZE, help="dynamic int8 encoder matmuls (CPU only)")
     ap.add_argument("--threads", type=thread_count, default=None,
                     help="the encoder's intra-op threads on CPU (default: every usable core; with fewer, "
-                         "pre-encode gets a thread of its own)")
+                         "pre-encode and decode get threads of their own)")
     ap.add_argument("--lookahead", "--att-context-size", type=_lookahead, default=None,
                     help="default lookahead mode L,R (attention context frames), e.g. 70,1 (default: the model's first; "
                          "for files, the longest)")

@@ -1,9 +1,11 @@
-"""The stage threads: one thread per stage, joined by FIFO queues, two steps in flight.
+"""The stage threads: one thread per `Stage`, joined by FIFO queues, two steps in flight.
 
-The first thread takes each step from `schedule`; every thread runs its stage(s) on the step,
-timing each under its name in `step.seconds`, and hands it to the next; after the last stage, `deliver` runs on the last thread. A stage that
-raises hands its step to `fail` instead, so only that step's streams fail. FIFO queues keep a
-stream's steps in order.
+A `Stage` runs one or more of the engine's stages in turn (on a CPU whose every core is in the
+encoder's team, one thread runs them all, one step at a time). The first thread takes each step
+from `schedule`; every thread runs its stages on the step, timing each under its name in
+`step.seconds`, and hands it to the next; after the last, `deliver` runs on the last thread. A
+stage that raises hands its step to `fail` instead, so only that step's streams fail. FIFO
+queues keep a stream's steps in order.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from .step import Step
 
 log = logging.getLogger(__name__)
 
-# Steps in flight (the Scheduler starts no more): one step's decode overlaps the next one's
-# encode, and on CUDA the host prepares a step while the device runs the other.
+# Steps in flight (the Scheduler starts no more): with a thread per stage, one step's decode
+# overlaps the next one's encode, and on CUDA the host prepares a step while the device runs the other.
 DEPTH = 2
 _STOP = object()
 

@@ -25,7 +25,7 @@ class EngineCollector:
         self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._engine.stats()
+        stats, totals = self._engine.stats(), self._engine.step_totals()
         yield GaugeMetricFamily("parakeet_active_streams", "Streams holding an engine slot", stats["active"])
         yield GaugeMetricFamily("parakeet_queued_streams", "Streams waiting for a slot", stats["queued"])
         yield GaugeMetricFamily("parakeet_free_slots", "Engine slots free", stats["free_slots"])
@@ -33,16 +33,16 @@ class EngineCollector:
         yield CounterMetricFamily(
             "parakeet_audio_seconds", "Seconds of audio processed by the engine", stats["audio_seconds"]
         )
-        yield CounterMetricFamily("parakeet_steps", "Engine steps run", stats["steps"])
+        yield CounterMetricFamily("parakeet_steps", "Engine steps run", totals.steps)
         yield CounterMetricFamily(
-            "parakeet_step_chunks", "Chunks encoded by the engine's steps (per step: the mean batch)", stats["step_chunks"]
+            "parakeet_step_chunks", "Chunks encoded by the engine's steps (per step: the mean batch)", totals.chunks
         )
         stages = CounterMetricFamily(
             "parakeet_stage_seconds",
             "Seconds each engine stage spent on steps (host time: on CUDA, launching and waiting)",
             labels=["stage"],
         )
-        for stage, seconds in stats["stage_seconds"].items():
+        for stage, seconds in totals.seconds.items():
             stages.add_metric([stage], seconds)
         yield stages
 
