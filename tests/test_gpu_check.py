@@ -7,13 +7,15 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
-    env = os.environ | {"PYTHON": os.environ.get("PYTHON", sys.executable)}
+    # no wheels: those of scripts/gpu_wheels.sh are for the GPU machine's Python, not this one
+    env = os.environ | {"PYTHON": os.environ.get("PYTHON", sys.executable), "GPU_WHEELS": str(tmp_path / "none")}
     proc = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), "--dry-run", "--out", str(tmp_path / "check"),
                            "--work", str(tmp_path / "models")], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -26,3 +28,23 @@ def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
     assert parts["precision"]["fixture_agreement"] == {"float32": 1.0}
     table = (tmp_path / "check.md").read_text()
     assert "| nemotron_tiny | 1.0 | float32 |" in table and "capacity p95 <= 100 ms" in table
+
+
+def test_the_gpu_check_installs_carried_wheels_before_it_runs(tmp_path):
+    """What scripts/gpu_wheels.sh leaves in .whl/ is importable by the check, without a network."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "probe_pkg-0.1-py3-none-any.whl", "w") as whl:
+        whl.writestr("probe_pkg/__init__.py", "")
+        whl.writestr("probe_pkg-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: probe-pkg\nVersion: 0.1\n")
+        whl.writestr("probe_pkg-0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr("probe_pkg-0.1.dist-info/RECORD", "")
+    python = tmp_path / "python"  # pip runs as asked; in place of the check, the import it depends on
+    python.write_text(f'#!/bin/bash\n[ "$1" = -m ] && exec {sys.executable} "$@"\n'
+                      f'exec {sys.executable} -c "import probe_pkg; print(probe_pkg.__file__)"\n')
+    python.chmod(0o755)
+    proc = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh")], capture_output=True, text=True, timeout=120,
+                          env=os.environ | {"PYTHON": str(python), "GPU_WHEELS": str(wheels), "PIP_NO_INDEX": "1"})
+    assert proc.returncode == 0, proc.stderr
+    where = Path(proc.stdout.strip())
+    assert where.name == "__init__.py" and wheels not in where.parents and where.parent.parent != ROOT
