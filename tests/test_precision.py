@@ -10,7 +10,8 @@ from helpers import run_stream, tokens_of
 
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.model.parakeet import ParakeetModel
-from parakeet_stream.model.precision import PrecisionError, check_precision, parse_dtype
+from parakeet_stream.model.packed import PackedLinear, can_pack
+from parakeet_stream.model.precision import PrecisionError, check_precision, parse_dtype, set_precision
 
 MODES = [("bfloat16", None), ("float16", None), ("float32", "int8")]
 
@@ -43,6 +44,19 @@ def test_int8_quantizes_the_encoder_linears(tiny_model_dir):
     with ASREngine(tiny_model_dir, max_num_streams=1, quantize="int8") as engine:
         linears = [type(m).__module__ for m in engine.model.encoder.modules() if type(m).__name__ == "Linear"]
     assert linears and all("quantized" in where for where in linears)
+
+
+@pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16), reason="no native bfloat16 oneDNN on this CPU")
+def test_bfloat16_on_cpu_packs_the_encoder_linears_and_gives_the_same_bits(tiny_model_dir, wavs):
+    plain = ParakeetModel.from_dir(tiny_model_dir)
+    plain.encoder.to(torch.bfloat16)
+    packed = set_precision(ParakeetModel.from_dir(tiny_model_dir), "bfloat16")
+    assert not [m for m in packed.encoder.modules() if isinstance(m, torch.nn.Linear)]
+    assert [m for m in packed.encoder.modules() if isinstance(m, PackedLinear)]
+    with torch.inference_mode():
+        feats, valid = plain.features(torch.from_numpy(wavs["sentence"]))
+        feats, lengths = feats[None].to(torch.bfloat16), torch.tensor([valid])
+        assert torch.equal(plain.encoder(feats, lengths)[0], packed.encoder(feats, lengths)[0])
 
 
 @pytest.mark.parametrize("device,dtype,quantize,message", [

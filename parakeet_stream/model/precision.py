@@ -17,6 +17,7 @@ import warnings
 import torch
 from torch import nn
 
+from .packed import can_pack, pack_linears
 from .precision_check import PrecisionChoice, check
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ def set_precision(model, dtype: str | torch.dtype = torch.float32, quantize: str
         with warnings.catch_warnings():  # torch.ao's dynamic quantization warns that it moves to torchao
             warnings.simplefilter("ignore")
             model.encoder = torch.ao.quantization.quantize_dynamic(model.encoder, {nn.Linear}, dtype=torch.qint8)
+    elif can_pack(device, dtype):
+        pack_linears(model.encoder)
     model.encoder_dtype = dtype
     model.precision = choice
     return model

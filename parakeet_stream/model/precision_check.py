@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from .conformer import EncoderCache
+from .packed import can_pack, pack_linears
 
 MIN_AGREEMENT = 0.98  # share of frames whose argmax is float32's
 MAX_ERROR = 0.1  # relative RMS difference of the encoder output from float32's
@@ -118,6 +119,8 @@ def _trial(model, dtype: torch.dtype, feats: torch.Tensor, frames: torch.Tensor,
     """A copy of the encoder in `dtype`, measured against float32's figures; one that fails to run
     (a kernel this device lacks in it) keeps nothing."""
     encoder = copy.deepcopy(model.encoder).to(dtype)
+    if can_pack(feats.device, dtype):  # as set_precision will run it
+        pack_linears(encoder)
     try:
         seconds = _step_seconds(encoder, dtype, feats.device, give_up=float32_seconds)
         out = encoder(feats.to(dtype), frames)[0].float()
