@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_version=${1:-3.12}
+[[ $python_version =~ ^3\.[0-9]+$ ]] || { echo "gpu_wheels: the GPU machine's Python version, e.g. 3.12; got '$python_version'" >&2; exit 2; }
+[ -x .venv/bin/python ] || { echo "gpu_wheels: no .venv here: run the README's set-up first (its versions are the ones fetched)" >&2; exit 2; }
 packages=(trio outcome sniffio trio-websocket wsproto msgspec orjson soundfile cffi pycparser soxr
           python-multipart nvidia-riva-client grpcio pytest-trio)
 pins=$(.venv/bin/python - "${packages[@]}" <<'PY'

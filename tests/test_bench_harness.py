@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import wave
@@ -23,15 +24,22 @@ def server(tiny_model_dir):
     server.close()
 
 
+def write_wav(path: Path, samples: np.ndarray) -> Path:
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1), f.setsampwidth(2), f.setframerate(16000)
+        f.writeframes((samples * 32768).astype("<i2").tobytes())
+    return path
+
+
+def loadgen(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(LOADGEN), *args], capture_output=True, text=True, timeout=120)
+
+
 def test_the_load_client_reports_the_servers_chunk_latency_and_steps(server, engine, sentence, tmp_path):
     """`engine` runs the server's model: its chunk length says how many chunks the server counts."""
-    wav = tmp_path / "sentence.wav"
-    with wave.open(str(wav), "wb") as f:
-        f.setnchannels(1), f.setsampwidth(2), f.setframerate(16000)
-        f.writeframes((sentence * 32768).astype("<i2").tobytes())
+    wav = write_wav(tmp_path / "sentence.wav", sentence)
     metrics = f"http://127.0.0.1:{server.ports['http']}/metrics"
-    out = subprocess.run([sys.executable, str(LOADGEN), "--port", str(server.ports["tcp"]), "--wav", str(wav),
-                          "--clients", "2", "--metrics", metrics], capture_output=True, text=True, timeout=120)
+    out = loadgen("--port", str(server.ports["tcp"]), "--wav", str(wav), "--clients", "2", "--metrics", metrics)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["finished"] == 2 and not summary["errors"]
@@ -45,3 +53,16 @@ def test_the_load_client_reports_the_servers_chunk_latency_and_steps(server, eng
     assert 1 <= figures["steps"] <= figures["chunks_encoded"] + 2  # a stream's final may be a step of its own
     assert figures["chunks_per_step"] == figures["chunks_encoded"] / figures["steps"]
     assert all(figures[f"ms_per_step_{stage}"] > 0 for stage in ("pre-encode", "encode", "decode"))
+
+
+def test_the_load_client_refuses_a_bad_metrics_url_or_wav_in_one_line(sentence, tmp_path):
+    wav = write_wav(tmp_path / "sentence.wav", sentence)
+    with socket.socket() as s:  # a loopback port with nobody listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cases = [(["--wav", str(wav), "--metrics", "localhost:8080"], "--metrics: must be an http:// or https:// URL"),
+             (["--wav", str(wav), "--metrics", f"http://127.0.0.1:{port}/metrics"], "cannot read the server's metrics at"),
+             (["--wav", str(tmp_path / "missing.wav")], "cannot read --wav")]
+    for args, message in cases:
+        out = loadgen("--port", str(port), *args)
+        assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -48,3 +48,9 @@ def test_the_gpu_check_installs_carried_wheels_before_it_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     where = Path(proc.stdout.strip())
     assert where.name == "__init__.py" and wheels not in where.parents and where.parent.parent != ROOT
+
+
+def test_the_wheel_fetcher_refuses_a_bad_python_version_before_touching_anything():
+    proc = subprocess.run(["bash", str(ROOT / "scripts/gpu_wheels.sh"), "banana"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "the GPU machine's Python version, e.g. 3.12; got 'banana'" in proc.stderr
