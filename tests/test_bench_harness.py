@@ -6,13 +6,12 @@ import json
 import socket
 import subprocess
 import sys
-import wave
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import ServerProcess
+from helpers import ServerProcess, audio_file
 
 LOADGEN = Path(__file__).resolve().parent.parent / "benchmarks" / "vs_parakeet_streaming" / "loadgen.py"
 
@@ -25,9 +24,7 @@ def server(tiny_model_dir):
 
 
 def write_wav(path: Path, samples: np.ndarray) -> Path:
-    with wave.open(str(path), "wb") as f:
-        f.setnchannels(1), f.setsampwidth(2), f.setframerate(16000)
-        f.writeframes((samples * 32768).astype("<i2").tobytes())
+    path.write_bytes(audio_file(samples))
     return path
 
 
