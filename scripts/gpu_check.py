@@ -1,24 +1,25 @@
 """The GPU check: one command on a new GPU machine (no network; a copy of the repository and its
-Python environment with a CUDA build of torch) that says whether the GPU path is right and what it
-holds, in under 10 minutes. It writes one JSON and a markdown table for docs/performance.md.
+Python environment with a CUDA build of torch) that answers "how many streams" first, within 8
+minutes of a bare machine. It writes one JSON and a markdown table for docs/performance.md, and
+prints one verdict line: "capacity N streams at p95 <= 320 ms (chunk p95 X ms), start-up S s".
 
     bash scripts/gpu_check.sh                 # results/gpu_check.json, results/gpu_check.md
     bash scripts/gpu_check.sh --dry-run       # the same code on CPU at tiny sizes (tests/test_gpu_check.py)
 
-Parts, in order; each is timed and recorded, and one that fails does not stop the others:
+Parts, in the order of what they answer; each is timed and recorded, one that fails does not stop
+the others, and every part after the capacity runs only while time is left:
 1. machine: torch, CUDA, the GPU and its memory, bfloat16, CUDA-graph conditional nodes;
-2. tests: tests/test_cuda.py and the CUDA test of tests/test_precision.py;
-3. models: random-weight `large` and `small` made on the spot (scripts/random_model.py);
-4. precision: agreement of float32 / bfloat16 / float16 on the GPU with float32 on CPU (the NeMo
-   fixture set of scripts/precision_report.py), and every encoder layer finite per precision;
-5. graphs: per model, mixed-mode streams through CUDA graphs and eagerly, float32: token agreement;
-then per model and latency target (100 ms, 320 ms), the engine's `latency_target` set to it:
-6. sizing: `--max-num-streams auto` in the serving precision (bfloat16): slots, largest step, bytes
-   per stream and per slot, start-up time with every graph captured, memory left;
-7. ceiling (once per model): pre-encode + encode + decode time of one step by batch size in the
-   160 ms mode, and the most streams such steps keep in real time;
-8. capacity: in-process capacity in the 160 ms mode (scripts/bench_engine.py's real-time streams),
-   p95 chunk latency within the target; levels that would end past `--minutes` are not run.
+2. model: random-weight `large` made on the spot (scripts/random_model.py);
+3. server: the real server (`parakeet-serve`, graphs on, bfloat16, `--max-num-streams auto`, 160 ms
+   chunks) under the TCP load client (benchmarks/vs_parakeet_streaming/loadgen.py, spread over
+   processes) at rising stream counts, stopping at the first level that fails and then bisecting
+   once: finalization lag p50/p95, the server's chunk latency p95, steps, chunks per step, the
+   server's CPU per chunk, GPU busy share, RSS and GPU memory; its start-up time and graph count;
+4. ceiling: pre-encode + encode + decode time of one eager step by batch size (160 ms mode);
+5. invariance: (a) graphs vs eager tokens of the same streams, float32; (b) one stream's tokens
+   alone vs among 15 and 255 others, float32 and bfloat16;
+6. tests: tests/test_cuda.py and the CUDA test of tests/test_precision.py;
+7. precision: agreement of float32 / bfloat16 / float16 on the GPU with CPU float32 (NeMo fixtures).
 """
 
 from __future__ import annotations
@@ -27,11 +28,18 @@ import argparse
 import difflib
 import gc
 import json
+import os
+import re
+import resource
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
+import urllib.request
+import wave
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,36 +49,43 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_engine import keeps_up, run_level, speech  # noqa: E402
+from bench_engine import speech  # noqa: E402
 from precision_report import fixture_agreement  # noqa: E402
 from random_model import build  # noqa: E402
 from parakeet_stream.engine import ASREngine  # noqa: E402
 from parakeet_stream.engine.cuda_graphs import loop_guard, unconditional  # noqa: E402
-from parakeet_stream.engine.memory import slot_bytes, stream_bytes  # noqa: E402
 from parakeet_stream.host import single_threaded_host  # noqa: E402
-from parakeet_stream.model.loading import load_model  # noqa: E402
-from parakeet_stream.model.precision import set_precision  # noqa: E402
 from parakeet_stream.tools.convert import convert  # noqa: E402
 
-TARGETS_MS = (100, 320)
-FULL = {"device": "cuda", "models": ("large", "small"), "graph_streams": 16, "slots": "auto",  # large: the target
-        "levels": (128, 256, 512, 1024, 1536, 2048), "seconds": 8.0, "batches": (1, 16, 64, 256, 512, 1024),
+LOADGEN = ROOT / "benchmarks" / "vs_parakeet_streaming" / "loadgen.py"
+LAG_S = 0.32  # the capacity line: p95 finalization lag
+FULL = {"device": "cuda", "model": "large", "dtype": "bfloat16", "lookahead": "70,1", "slots": "auto",
+        "levels": (64, 128, 256, 512, 1024, 1536, 2048), "seconds": 8.0, "procs": 8,
+        "batches": (1, 16, 64, 256, 512, 1024), "graph_streams": 16, "among": (15, 255),
         "tests": ["tests/test_cuda.py", "tests/test_precision.py::test_cuda_engine_matches_cpu_tokens"],
         "precisions": ("float32", "bfloat16", "float16")}
-DRY = {"device": "cpu", "models": ("eou_tiny", "nemotron_tiny"), "graph_streams": 4, "slots": 4,
-       "levels": (1, 2), "seconds": 1.5, "batches": (1, 2), "tests": ["tests/test_cuda.py"], "precisions": ("float32",)}
+DRY = {"device": "cpu", "model": "nemotron_tiny", "dtype": "float32", "lookahead": "70,1", "slots": "8",
+       "levels": (2, 4), "seconds": 2.0, "procs": 2, "batches": (1, 2), "graph_streams": 4, "among": (3,),
+       "tests": ["tests/test_cuda.py"], "precisions": ("float32",)}
 
 
 class Report:
-    def __init__(self):
+    def __init__(self, deadline: float):
         self.parts: dict[str, dict] = {}
+        self.deadline = deadline
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
 
     @contextmanager
-    def part(self, name: str):
+    def part(self, name: str, needs: float = 0.0):
+        """A part that records its figures; skipped (recorded as such) when fewer than `needs` seconds are left."""
         record: dict = {}
         start = time.perf_counter()
         print(f"== {name}", flush=True)
         try:
+            if self.left() < needs:
+                raise TimeoutError(f"skipped: {self.left():.0f} s left, needs {needs:.0f}")
             yield record
             record["ok"] = True
         except Exception as exc:  # noqa: BLE001 - one part's failure is a finding; the others still run
@@ -82,7 +97,7 @@ class Report:
 
 
 def machine(device: str) -> dict:
-    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": device}
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": device, "cpus": os.cpu_count()}
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         out |= {"gpu": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
@@ -91,37 +106,206 @@ def machine(device: str) -> dict:
     return out
 
 
-def run_tests(args: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT,
-                          capture_output=True, text=True)
-    lines = proc.stdout.strip().splitlines()
-    out = {"returncode": proc.returncode, "summary": lines[-1] if lines else ""}
+def make_model(name: str, work: Path) -> Path:
+    folder = work / name
+    if not (folder / "config.json").exists():
+        if name.endswith("_tiny"):
+            convert(str(ROOT / f"tests/fixtures/nemo/{name}.nemo"), folder)
+        else:
+            build(name, folder)
+    return folder
+
+
+def write_wav(path: Path, seconds: float) -> Path:
+    pcm = (np.clip(speech(seconds, 0), -1, 1) * 32767).astype("<i2").tobytes()
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1), f.setsampwidth(2), f.setframerate(16000), f.writeframes(pcm)
+    return path
+
+
+# --- the real server under load ----------------------------------------------------------------
+class Server:
+    """parakeet-serve in a process of its own, on free loopback ports; its start-up timed to the ready line."""
+
+    def __init__(self, model: Path, settings: dict, log: Path):
+        cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", str(model), "--device", settings["device"],
+               "--dtype", settings["dtype"], "--lookahead", settings["lookahead"], "--max-num-streams", settings["slots"],
+               "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "off"]
+        start = time.monotonic()
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        for line in self.proc.stdout:
+            if line.startswith("parakeet-serve ready:"):
+                break
+        else:
+            raise RuntimeError(f"the server exited before ready ({self.proc.wait()}): see {log}")
+        self.ready_seconds = time.monotonic() - start
+        self.tcp = int(re.search(r"tcp://[^ ]+:(\d+)", line).group(1))
+        self.http = "http://127.0.0.1:" + re.search(r"http://[^ ]+:(\d+)", line).group(1)
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # keep its pipe from filling
+
+    def health(self) -> dict:
+        with urllib.request.urlopen(self.http + "/health", timeout=10) as r:
+            return json.load(r)
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mib(self) -> float:
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+class GpuSampler:
+    """GPU busy share and memory in use, sampled every 100 ms while a level runs (NVML; none on CPU)."""
+
+    def __init__(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # noqa: BLE001 - no NVML (CPU, or no driver library): no GPU figures
+            self.nvml = None
+        self.busy: list[float] = []
+        self.memory: list[float] = []
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        if self.nvml:
+            threading.Thread(target=self._sample, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+
+    def _sample(self):
+        while not self._stop.wait(0.1):
+            self.busy.append(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
+            self.memory.append(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used / 2**30)
+
+    def figures(self) -> dict:
+        if not self.busy:
+            return {}
+        return {"gpu_busy_pct": round(float(np.mean(self.busy)), 1), "gpu_memory_gib": round(max(self.memory), 1)}
+
+
+def load_level(server: Server, wav: Path, n: int, settings: dict) -> dict:
+    cpu0 = server.cpu_seconds()
+    with GpuSampler() as gpu:
+        proc = subprocess.run([sys.executable, str(LOADGEN), "--port", str(server.tcp), "--wav", str(wav),
+                               "--clients", str(n), "--procs", str(min(settings["procs"], n)), "--final-wait", "10",
+                               "--connect-timeout", "20", "--metrics", server.http + "/metrics"],
+                              capture_output=True, text=True, timeout=settings["seconds"] + 120)
     if proc.returncode:
-        out["tail"] = "\n".join(lines[-40:]) + proc.stderr[-2000:]
-        raise AssertionError(out["summary"] or proc.stderr[-500:])
-    return out
+        raise RuntimeError(f"load client failed: {proc.stderr[-1000:]}")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    metrics = summary.pop("server_metrics")
+    cpu = server.cpu_seconds() - cpu0
+    out = {"streams": n, "ok": summary["ok"], "finished": summary["finished"], "errors": summary["errors"][:3],
+           "lag_p50_ms": _ms(summary["lag_p50"]), "lag_p95_ms": _ms(summary["lag_p95"]),
+           "chunk_p95_ms": _ms(metrics["chunk_p95"]), "steps": metrics["steps"],
+           "chunks_per_step": round(metrics["chunks_per_step"] or 0, 1),
+           "ms_per_step": {k[len("ms_per_step_"):]: round(v, 1) for k, v in metrics.items() if k.startswith("ms_per_step_")},
+           "server_cpu_s": round(cpu, 1), "server_cpu_us_per_chunk": round(1e6 * cpu / max(metrics["chunks"], 1)),
+           "client_cpu_s": round(summary["client_cpu_s"], 1), "rss_mib": round(server.rss_mib())}
+    return out | gpu.figures()
 
 
-def make_models(names: tuple[str, ...], work: Path) -> dict[str, Path]:
-    out = {}
-    for name in names:
-        folder = work / name
-        if not (folder / "config.json").exists():
-            if name.endswith("_tiny"):
-                convert(str(ROOT / f"tests/fixtures/nemo/{name}.nemo"), folder)
-            else:
-                build(name, folder)
-        out[name] = folder
-    return out
+def _ms(seconds):
+    return None if seconds is None else round(seconds * 1000, 1)
 
 
+def capacity(server: Server, wav: Path, settings: dict, report: Report) -> dict:
+    """Rising levels until one fails, then one bisection between the last that held and it."""
+    runs, best, failed = [], 0, None
+    level_s = settings["seconds"] + 25
+    for n in settings["levels"]:
+        if report.left() < level_s:
+            break
+        runs.append(load_level(server, wav, n, settings))
+        print(json.dumps(runs[-1]), flush=True)
+        if not runs[-1]["ok"]:
+            failed = n
+            break
+        best = n
+    if failed is not None and report.left() >= level_s:
+        mid = (best + failed) // 2
+        if mid not in (best, failed):
+            runs.append(load_level(server, wav, mid, settings))
+            print(json.dumps(runs[-1]), flush=True)
+            best = mid if runs[-1]["ok"] else best
+    held = [r for r in runs if r["ok"] and r["streams"] == best]
+    return {"capacity": best, "at_least": failed is None, "chunk_p95_ms": held[0]["chunk_p95_ms"] if held else None,
+            "levels": runs}
+
+
+def serve(report: Report, model: Path, settings: dict, work: Path) -> None:
+    server = None
+    with report.part("server start") as rec:
+        server = Server(model, settings, work / "server.log")
+        health = server.health()
+        rec |= {"ready_seconds": round(server.ready_seconds, 1), "engine_start": health.get("start"),
+                "slots": health.get("max_num_streams"), "precision": health.get("precision")}
+    if server is None:
+        return
+    try:
+        with report.part("capacity", needs=settings["seconds"] + 25) as rec:
+            rec |= capacity(server, write_wav(work / "speech.wav", settings["seconds"]), settings, report)
+    finally:
+        server.close()
+        log = (work / "server.log").read_text()
+        report.parts["server start"]["graphs_log"] = [line for line in log.splitlines() if "captured" in line][-1:]
+
+
+# --- the engine in-process ----------------------------------------------------------------------
 def mode_160ms(engine: ASREngine):
     """The lookahead mode with 160 ms chunks (the model's default where it has none)."""
     return next((m for m in engine.lookahead_modes if abs(engine.chunk_seconds(m) - 0.16) < 1e-6), engine.default_lookahead)
 
 
-def streams_tokens(engine: ASREngine, audios: list[np.ndarray]) -> list[list[int]]:
-    modes = engine.lookahead_modes
+@torch.inference_mode()
+def ceiling(folder: Path, settings: dict) -> dict:
+    """Eager step time by batch size (pre-encode + encoder layers + greedy decode) in the 160 ms mode."""
+    batches = settings["batches"]
+    with ASREngine(folder, settings["device"], max_num_streams=max(batches), max_batch=max(batches),
+                   dtype=settings["dtype"], cuda_graphs=False) as engine:
+        runner, model = engine.runner, engine.model
+        mode = mode_160ms(engine)
+        spec, cuda = model.encoder.chunk_spec(mode), runner.device.type == "cuda"
+        rows = {}
+        for b in batches:
+            feats = torch.randn(b, spec.window, model.cfg.features.n_mels, device=runner.device).to(model.encoder_dtype)
+            full = torch.full((b,), spec.window, device=runner.device)
+            slots = torch.arange(b, device=runner.device)
+            times = []
+            for i in range(8):
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                x, lengths = model.encoder.stream_pre_encode(feats, full, torch.zeros_like(full), mode)
+                runner._greedy(runner._layers(x, lengths, slots, mode=mode).float(), lengths, slots)
+                if cuda:
+                    torch.cuda.synchronize()
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+            rows[b] = round(float(np.median(times)) * 1000, 2)
+        chunk_ms = engine.chunk_seconds(mode) * 1000
+    real_time = [b for b, ms in rows.items() if ms <= chunk_ms]
+    return {"mode": list(mode), "chunk_ms": chunk_ms, "step_ms": rows, "streams_in_real_time": max(real_time, default=0)}
+
+
+def stream_tokens(engine: ASREngine, audios: list[np.ndarray], modes: list) -> list[list[int]]:
     sids = [engine.create_stream(modes[i % len(modes)]) for i in range(len(audios))]
     for at in range(0, max(map(len, audios)), 2560):
         for sid, audio in zip(sids, audios):
@@ -143,166 +327,110 @@ def streams_tokens(engine: ASREngine, audios: list[np.ndarray]) -> list[list[int
     return out
 
 
-def graphs_vs_eager(folder: Path, device: str, streams: int) -> dict:
-    audios = [speech(6.0, seed) for seed in range(streams)]
-    found = {}
-    for graphs in (True, False):
-        with ASREngine(folder, device, max_num_streams=streams, max_batch=streams, cuda_graphs=graphs) as engine:
-            found[graphs] = streams_tokens(engine, audios)
-            if graphs:
-                static = [*engine.runner.encoders.values(), *engine.runner.decoders.values()]
-                eager_calls = sum(s.eager_calls for s in static)
-    pairs = list(zip(found[True], found[False]))
-    matched = sum(b.size for x, y in pairs for b in difflib.SequenceMatcher(a=x, b=y, autojunk=False).get_matching_blocks())
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    pairs = list(zip(a, b))
+    matched = sum(m.size for x, y in pairs for m in difflib.SequenceMatcher(a=x, b=y, autojunk=False).get_matching_blocks())
     total = sum(max(len(x), len(y)) for x, y in pairs)
-    return {"equal": found[True] == found[False], "agreement": round(matched / max(total, 1), 4), "tokens": total,
-            "eager_calls": eager_calls}
+    return {"equal": a == b, "agreement": round(matched / max(total, 1), 4), "tokens": total}
 
 
-def sized_engine(folder: Path, settings: dict, dtype: str, target_s: float) -> tuple[ASREngine, dict]:
-    device = settings["device"]
-    start = time.perf_counter()
-    engine = ASREngine(folder, device, max_num_streams=settings["slots"], dtype=dtype, latency_target=target_s,
-                       cuda_graphs=True)
-    sizing = {"dtype": dtype, "slots": engine.scheduler.max_num_streams, "max_batch": engine.scheduler.max_batch,
-              "start_seconds": round(time.perf_counter() - start, 1), "slot_mib": round(slot_bytes(engine.model) / 2**20, 2),
-              "graphs": sum(len(s.sizes) for s in [*engine.runner.encoders.values(), *engine.runner.decoders.values()])}
-    if device == "cuda":
-        free, total = torch.cuda.mem_get_info()
-        sizing |= {"stream_mib": round(stream_bytes(engine.model) / 2**20, 2), "free_gib_after": round(free / 2**30, 1),
-                   "reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 1)}
-    return engine, sizing
+def graphs_vs_eager(folder: Path, settings: dict) -> dict:
+    """(a) The same streams through CUDA graphs and eagerly, float32, every lookahead mode."""
+    n = settings["graph_streams"]
+    audios = [speech(6.0, seed) for seed in range(n)]
+    found, eager_calls = {}, None
+    for graphs in (True, False):
+        with ASREngine(folder, settings["device"], max_num_streams=n, max_batch=n, cuda_graphs=graphs) as engine:
+            found[graphs] = stream_tokens(engine, audios, engine.lookahead_modes)
+            if graphs:
+                eager_calls = sum(s.eager_calls for s in engine.runner.static_batches)
+    return agreement(found[True], found[False]) | {"eager_calls": eager_calls}
 
 
-@torch.inference_mode()
-def ceiling(engine: ASREngine, batches: tuple[int, ...]) -> dict:
-    """Step time by batch size (pre-encode + encoder layers + greedy decode, the graphs the engine replays)."""
-    runner, model = engine.runner, engine.model
-    mode = mode_160ms(engine)
-    spec, cuda = model.encoder.chunk_spec(mode), runner.device.type == "cuda"
-    rows = {}
-    for b in (b for b in batches if b <= runner.max_batch):
-        feats = torch.randn(b, spec.window, model.cfg.features.n_mels, device=runner.device).to(model.encoder_dtype)
-        full = torch.full((b,), spec.window, device=runner.device)
-        slots = torch.arange(b, device=runner.device)
-
-        def step():
-            x, lengths = model.encoder.stream_pre_encode(feats, full, torch.zeros_like(full), mode)
-            enc = runner.encoders[mode](x, lengths, slots)
-            runner.decoders[mode](enc, lengths, slots)
-
-        times = []
-        for i in range(13):
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            step()
-            if cuda:
-                torch.cuda.synchronize()
-            if i >= 3:
-                times.append(time.perf_counter() - t0)
-        rows[b] = round(float(np.median(times)) * 1000, 2)
-    chunk_ms = engine.chunk_seconds(mode) * 1000
-    real_time = [b for b, ms in rows.items() if ms <= chunk_ms]
-    return {"mode": list(mode), "chunk_ms": chunk_ms, "step_ms": rows, "streams_in_real_time": max(real_time, default=0)}
-
-
-def capacity(engine: ASREngine, target_ms: float, levels: tuple[int, ...], seconds: float, deadline: float) -> dict:
-    mode = mode_160ms(engine)
-    chunk_ms = engine.chunk_seconds(mode) * 1000
-    runs, best, complete = [], 0, True
-    for n in (n for n in levels if n <= engine.scheduler.max_num_streams):
-        if time.monotonic() + seconds + 10 > deadline:  # a level takes its audio's length and a drain
-            complete = False
-            break
-        level = run_level(engine, n, seconds, mode)
-        runs.append({k: round(v, 1) if isinstance(v, float) else v for k, v in level.items()})
-        if not keeps_up(level, target_ms, chunk_ms):
-            break
-        best = n
-    else:
-        complete = False  # every level tried held: the capacity is at least the highest one
-    return {"target_ms": target_ms, "capacity": best, "at_least": not complete or best == levels[-1], "levels": runs}
-
-
-def finite_layers(folder: Path, device: str, dtype: str) -> bool:
-    """Every encoder layer's output finite on 4 s of speech (features made on CPU)."""
-    feats, valid = load_model(folder).features(torch.from_numpy(speech(4.0, 0)))
-    model = set_precision(load_model(folder, device), dtype)
-    bad = []
-    for layer in [model.encoder.pre_encode, *model.encoder.layers]:
-        layer.register_forward_hook(lambda m, a, out: bad.append(1) if not torch.isfinite(
-            out[0] if isinstance(out, tuple) else out).all() else None)
-    with torch.inference_mode():
-        model.encoder(feats[None].to(device, model.encoder_dtype), torch.tensor([valid], device=device))
-    return not bad
+def alone_vs_among(folder: Path, settings: dict, dtype: str, probes: int = 4) -> dict:
+    """(b) The tokens of a few streams, each alone, and among k others (different audio), eager."""
+    most = max(settings["among"]) + 1
+    audios = [speech(8.0, seed) for seed in range(most)]
+    with ASREngine(folder, settings["device"], max_num_streams=most, max_batch=most, dtype=dtype,
+                   cuda_graphs=False) as engine:
+        mode = [mode_160ms(engine)]
+        alone = [stream_tokens(engine, [audio], mode)[0] for audio in audios[:probes]]
+        return {f"among {k}": agreement(alone, stream_tokens(engine, audios[: k + 1], mode)[:probes])
+                for k in settings["among"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="on CPU, tiny models and sizes: the code, not the figures")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_check")
-    ap.add_argument("--work", type=Path, default=None, help="where the random models go (default: a temporary folder)")
-    ap.add_argument("--minutes", type=float, default=9.5,
-                    help="the whole check ends by then: capacity levels that would end later are not tried")
+    ap.add_argument("--work", type=Path, default=None, help="where the random model goes (default: a temporary folder)")
+    ap.add_argument("--minutes", type=float, default=7.0, help="the whole check ends by then: later parts are skipped")
     args = ap.parse_args()
     settings = DRY if args.dry_run else FULL
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device visible to torch (use --dry-run on CPU)")
     single_threaded_host()
-    deadline = time.monotonic() + args.minutes * 60
-    report = Report()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # thousands of connections, server and clients
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    report = Report(time.monotonic() + args.minutes * 60)
     with tempfile.TemporaryDirectory() as tmp:
-        models = checks(report, settings, args.work or Path(tmp))
-        for name, folder in models.items():  # the capacity runs last: they take what time is left
-            for target in TARGETS_MS:
-                serve(report, settings, name, folder, target, deadline)
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        run_parts(report, settings, work)
     write(report.parts, args.out, args.dry_run)
 
 
-def checks(report: Report, settings: dict, work: Path) -> dict[str, Path]:
-    """Everything but the capacity: machine, tests, models, precision, graphs vs eager. Returns the models."""
-    device, models = settings["device"], {}
+def run_parts(report: Report, settings: dict, work: Path) -> None:
+    device, folder = settings["device"], None
     with report.part("machine") as rec:
         rec |= machine(device)
-    with report.part("tests") as rec:
-        rec |= run_tests(settings["tests"])
-    with report.part("models") as rec:
-        models = make_models(settings["models"], work)
-        rec["models"] = list(models)
-    with report.part("precision") as rec:
+    with report.part("model") as rec:
+        folder = make_model(settings["model"], work)
+        rec["model"] = settings["model"]
+    if folder is None:
+        return
+    serve(report, folder, settings, work)
+    print(verdict(report.parts), flush=True)
+    with report.part("ceiling", needs=30) as rec:
+        rec |= ceiling(folder, settings)
+    _free(device)
+    with report.part("graphs vs eager", needs=60) as rec:
+        rec |= graphs_vs_eager(folder, settings)
+    _free(device)
+    for dtype in dict.fromkeys(("float32", settings["dtype"])):
+        with report.part(f"alone vs among {dtype}", needs=45) as rec:
+            rec |= alone_vs_among(folder, settings, dtype)
+        _free(device)
+    with report.part("tests", needs=120) as rec:
+        rec |= run_tests(settings["tests"], timeout=max(10.0, report.left()))
+    with report.part("precision", needs=60) as rec:
         worst = fixture_agreement(list(settings["precisions"]), device)
         rec["fixture_agreement"] = {mode: min(v) for mode, v in worst.items()}
-        rec["finite"] = {f"{name} {dtype}": finite_layers(folder, device, dtype)
-                         for name, folder in models.items() for dtype in settings["precisions"]}
-    for name, folder in models.items():
-        with report.part(f"graphs {name}") as rec:
-            rec |= graphs_vs_eager(folder, device, settings["graph_streams"])
-    return models
 
 
-def serve(report: Report, settings: dict, name: str, folder: Path, target: int, deadline: float) -> None:
-    """One model sized automatically with the latency target at `target`: its sizing, its step-time
-    ceiling (once per model) and its capacity at that target."""
-    device = settings["device"]
-    serving = "bfloat16" if device == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    engine = None
-    try:
-        with report.part(f"sizing {name} {target}ms") as rec:
-            engine, sizing = sized_engine(folder, settings, serving, target / 1000)
-            rec |= sizing
-        if engine is None:
-            return
-        if target == TARGETS_MS[0]:
-            with report.part(f"ceiling {name}") as rec:
-                rec |= ceiling(engine, settings["batches"])
-        with report.part(f"capacity {name} {target}ms") as rec, engine:
-            rec |= capacity(engine, target, settings["levels"], settings["seconds"], deadline)
-    finally:
-        del engine
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_tests(args: list[str], timeout: float) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    out = {"returncode": proc.returncode, "summary": lines[-1] if lines else ""}
+    if proc.returncode:
+        out["tail"] = "\n".join(lines[-40:]) + proc.stderr[-2000:]
+        raise AssertionError(out["summary"] or proc.stderr[-500:])
+    return out
+
+
+def verdict(parts: dict) -> str:
+    cap, start = parts.get("capacity", {}), parts.get("server start", {})
+    if not cap.get("ok"):
+        return f"gpu_check verdict: no capacity figure ({cap.get('error') or start.get('error')})"
+    return (f"gpu_check verdict: capacity {'at least ' if cap['at_least'] else ''}{cap['capacity']} streams at p95 <= "
+            f"{LAG_S * 1000:.0f} ms (chunk p95 {cap['chunk_p95_ms']} ms), start-up {start.get('ready_seconds')} s")
 
 
 def write(parts: dict, out: Path, dry_run: bool) -> None:
@@ -311,34 +439,39 @@ def write(parts: dict, out: Path, dry_run: bool) -> None:
     out.with_suffix(".md").write_text(markdown(parts))
     failed = [name for name, rec in parts.items() if not rec.get("ok")]
     print(f"gpu_check: {len(parts) - len(failed)}/{len(parts)} parts ok" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(verdict(parts))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
 
 
 def markdown(parts: dict) -> str:
-    m = parts.get("machine", {})
+    m, start = parts.get("machine", {}), parts.get("server start", {})
     lines = [f"GPU check: {m.get('gpu', m.get('device'))}, {m.get('memory_gib', '-')} GiB, torch {m.get('torch')} "
-             f"(CUDA {m.get('cuda')}), conditional nodes: {m.get('conditional_nodes', '-')}; "
-             f"tests: {parts.get('tests', {}).get('summary', parts.get('tests', {}).get('error'))}", "",
-             "| model | graphs = eager (float32 tokens) | precision | slots (auto) | largest step | MiB per stream / slot "
-             "| start (s, graphs) | real-time ceiling, 160 ms steps | capacity p95 <= 100 ms | capacity p95 <= 320 ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for name in parts.get("models", {}).get("models", []):
-        graphs, sizing = parts.get(f"graphs {name}", {}), parts.get(f"sizing {name} {TARGETS_MS[0]}ms", {})
-        ceil = parts.get(f"ceiling {name}", {})
-        caps = [parts.get(f"capacity {name} {t}ms", {}) for t in TARGETS_MS]
-        cap_text = [("at least " if c.get("at_least") else "") + str(c.get("capacity", "-")) if c.get("ok") else "failed"
-                    for c in caps]
-        lines.append(f"| {name} | {graphs.get('agreement', '-') if graphs.get('ok') else 'failed'} | {sizing.get('dtype', '-')} "
-                     f"| {sizing.get('slots', '-')} | {sizing.get('max_batch', '-')} | {sizing.get('stream_mib', '-')} / "
-                     f"{sizing.get('slot_mib', '-')} | {sizing.get('start_seconds', '-')} ({sizing.get('graphs', '-')}) "
-                     f"| {ceil.get('streams_in_real_time', '-')} | {cap_text[0]} | {cap_text[1]} |")
+             f"(CUDA {m.get('cuda')}), conditional nodes: {m.get('conditional_nodes', '-')}; model "
+             f"{parts.get('model', {}).get('model')}; server ready in {start.get('ready_seconds')} s "
+             f"(engine {start.get('engine_start')}), slots {start.get('slots')}", "", verdict(parts), "",
+             "| streams | held | lag p50 / p95 (ms) | chunk p95 (ms) | steps | chunks per step | ms per step "
+             "| server CPU per chunk (us) | GPU busy | RSS (MiB) | GPU memory (GiB) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in parts.get("capacity", {}).get("levels", []):
+        lines.append(f"| {r['streams']} | {'yes' if r['ok'] else 'no'} | {r['lag_p50_ms']} / {r['lag_p95_ms']} "
+                     f"| {r['chunk_p95_ms']} | {r['steps']:.0f} | {r['chunks_per_step']} | "
+                     + ", ".join(f"{k} {v}" for k, v in r["ms_per_step"].items())
+                     + f" | {r['server_cpu_us_per_chunk']} | {r.get('gpu_busy_pct', '-')}% | {r['rss_mib']} "
+                     f"| {r.get('gpu_memory_gib', '-')} |")
+    ceil = parts.get("ceiling", {})
+    if ceil.get("ok"):
+        lines += ["", "Eager step (ms) by batch, 160 ms mode: " + ", ".join(f"{b}: {ms}" for b, ms in ceil["step_ms"].items())]
+    for name in [n for n in parts if n == "graphs vs eager" or n.startswith("alone vs among")]:
+        rec = parts[name]
+        figures = {k: v for k, v in rec.items() if isinstance(v, dict)} or {"": rec}
+        lines.append(f"{name}: " + "; ".join(f"{k} agreement {v.get('agreement')} of {v.get('tokens')} tokens"
+                                             for k, v in figures.items()) if rec.get("ok") else f"{name}: {rec.get('error')}")
     prec = parts.get("precision", {})
     lines += ["", "| precision | worst token agreement with CPU float32 (NeMo fixtures) |", "|---|---|"]
     lines += [f"| {mode} | {value:.4f} |" for mode, value in prec.get("fixture_agreement", {}).items()]
-    lines += ["", "Encoder layers finite: " + ", ".join(f"{k}: {v}" for k, v in prec.get("finite", {}).items())]
+    lines += ["", f"Tests: {parts.get('tests', {}).get('summary', parts.get('tests', {}).get('error'))}"]
     failed = [f"{name} ({rec.get('error')})" for name, rec in parts.items() if not rec.get("ok")]
     if failed:
-        lines += ["", "Failed parts: " + "; ".join(failed)]
+        lines += ["", "Failed or skipped parts: " + "; ".join(failed)]
     return "\n".join(lines) + "\n"
 
 

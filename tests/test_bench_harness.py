@@ -63,3 +63,14 @@ def test_the_load_client_refuses_a_bad_metrics_url_or_wav_in_one_line(sentence, 
     for args, message in cases:
         out = loadgen("--port", str(port), *args)
         assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_load_client_spread_over_processes_runs_every_stream_once(server, sentence, tmp_path):
+    wav = write_wav(tmp_path / "sentence.wav", sentence)
+    out = loadgen("--port", str(server.ports["tcp"]), "--wav", str(wav), "--clients", "3", "--procs", "2",
+                  "--out", str(tmp_path / "trial.json"))
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["finished"] == 3 and not summary["errors"] and summary["client_cpu_s"] > 0
+    streams = json.loads((tmp_path / "trial.json").read_text())["streams"]
+    assert [s["id"] for s in streams] == [0, 1, 2] and all(s["token_ids"] and s["fin_lag_s"] >= 0 for s in streams)

@@ -62,6 +62,7 @@ class ASREngine:
         (latency.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA)."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
+        started = time.monotonic()
         self.device = torch.device(device)
         check_precision(self.device, dtype, quantize)  # before any weights move
         if not isinstance(model, ParakeetModel):
@@ -77,7 +78,8 @@ class ASREngine:
             max_num_streams = auto_num_streams(model, self.device, model.encoder_dtype)
         self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_target, self.sample_rate, max_batch,
                                    max_in_flight=DEPTH, lead=self._first_chunk_seconds(model))
-        self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch, cuda_graphs)
+        self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch, cuda_graphs,
+                                  self.default_lookahead)
         self.runner.capture()  # before the stage threads run: a capture must not overlap their work
         tok = model.tokenizer
         endpoint_frames = max(1, round(endpoint_seconds / model.frame_seconds))
@@ -98,6 +100,8 @@ class ASREngine:
             bulk_lookahead=bulk_lookahead(self.lookahead_modes),
             chunk_seconds={mode: self.chunk_seconds(mode) for mode in self.lookahead_modes},
             precision=model.precision,
+            start_seconds=round(time.monotonic() - started, 2),
+            cuda_graphs=self.runner.graph_count,
         )
 
     # --- lifecycle ----------------------------------------------------------------------

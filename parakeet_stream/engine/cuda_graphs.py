@@ -22,6 +22,7 @@ its static inputs. Rules that keep it right:
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Callable, Iterator
 
@@ -32,10 +33,15 @@ log = logging.getLogger(__name__)
 Guard = Callable[[torch.Tensor], AbstractContextManager]
 
 
-def graph_sizes(max_batch: int, waste: float = 0.125) -> list[int]:
-    """Batch sizes to capture, up to `max_batch`: a batch of n rows runs at the next size up,
-    which pads it by less than `waste` of that size (powers of two would pad 513 rows to 1,024)."""
+def graph_sizes(max_batch: int, waste: float = 0.125, dense: int = 64) -> list[int]:
+    """Batch sizes to capture, up to `max_batch`: a batch of n rows runs at the next size up.
+    Up to `dense` rows the sizes are powers of two (a GPU step's time is flat there: 9 ms at 1 row,
+    12.5 ms at 64 for `large` on an H200, so padding costs next to nothing); above, each size pads
+    by less than `waste` of itself (powers of two would pad 513 rows to 1,024)."""
     sizes, size = [], 1
+    while size < min(dense, max_batch):
+        sizes.append(size)
+        size *= 2
     while size < max_batch:
         sizes.append(size)
         size += max(1, int(size * waste))
@@ -88,9 +94,9 @@ class StaticBatches:
     """
 
     def __init__(self, name: str, fn: Callable, inputs: Callable[[int], tuple[torch.Tensor, ...]],
-                 padding: tuple, max_batch: int, graphs: bool, pool=None):
+                 padding: tuple, max_batch: int, graphs: bool, pool=None, sizes: list[int] | None = None):
         self.name, self.fn, self.padding, self.graphs, self.pool = name, fn, padding, graphs, pool
-        self.sizes = graph_sizes(max_batch)
+        self.sizes = sizes or graph_sizes(max_batch)
         self.static = tuple(t.clone() for t in inputs(max_batch))
         for t, pad in zip(self.static, padding):
             if pad is not None:
@@ -98,11 +104,14 @@ class StaticBatches:
         self.out: torch.Tensor | None = None
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.replays = self.eager_calls = 0
+        self.capture_seconds = 0.0
 
     def capture(self, guard: Guard = if_node) -> None:
         """Every size, largest first (the static output is sized by the largest)."""
+        start = time.perf_counter()
         for size in reversed(self.sizes):
             self._capture(size, guard)
+        self.capture_seconds = time.perf_counter() - start
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         n = inputs[0].size(0)

@@ -19,6 +19,8 @@ class EngineInfo:
     bulk_lookahead: Lookahead  # what a bulk stream (a file) takes unless told: the longest (policy.py)
     chunk_seconds: dict[Lookahead, float]  # audio per encoder step in each mode
     precision: PrecisionChoice  # the encoder's precision, and why (--dtype auto: the measured check)
+    start_seconds: float  # from the engine's construction to ready: loading, precision check, graph capture
+    cuda_graphs: int  # graphs captured at start-up (0: none, eager)
 
     def modes_text(self) -> str:
         """The lookahead modes as a user writes them: '70,1, 70,6'."""

@@ -14,6 +14,7 @@ at start-up (cuda_graphs.py), and the host never waits for the device but for th
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from contextlib import nullcontext
 from functools import partial
@@ -30,19 +31,24 @@ from ..model.parakeet import ParakeetModel
 from ..model.rnnt import DecoderState
 from . import chunker
 from .chunker import Window
-from .cuda_graphs import StaticBatches, loop_guard, unconditional
+from .cuda_graphs import StaticBatches, graph_sizes, loop_guard, unconditional
 from .phrases import LIMITS
 from .step import Batch, Step, StepItem
 from .streams import StageStreams
+
+log = logging.getLogger(__name__)
 
 STAGES = ["pre-encode", "encode", "decode"]
 
 
 class ModelRunner:
-    def __init__(self, model: ParakeetModel, slots: int, max_batch: int, graphs: bool | None = None):
+    def __init__(self, model: ParakeetModel, slots: int, max_batch: int, graphs: bool | None = None,
+                 main_mode: Lookahead | None = None):
         """graphs: replay the encoder and the decoder from static batches (default: on CUDA, as CUDA
-        graphs; True on CPU runs their eager stand-in, to test the bookkeeping)."""
+        graphs; True on CPU runs their eager stand-in, to test the bookkeeping); main_mode: the
+        lookahead most streams use (the server's default), whose batches get the finest sizes."""
         self.model = model
+        self.main_mode = main_mode or model.cfg.default_lookahead
         self.device = model.features.fb.device
         self.slots, self.max_batch = slots, max_batch
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -63,12 +69,23 @@ class ModelRunner:
         starts = word_starts(self.model.tokenizer, self.model.decoder.blank + 1)
         return cache, self.model.decoder.state_pool(rows, self.device), BoostPool(rows, LIMITS, self.device, starts)
 
+    @property
+    def static_batches(self) -> list[StaticBatches]:
+        return [*self.encoders.values(), *self.decoders.values(), *self.boosted_decoders.values()]
+
     def capture(self) -> None:
         """Capture every CUDA graph (every mode, every size), before the stage threads start."""
         guard = loop_guard(self.device) if self.device.type == "cuda" else unconditional
         with torch.inference_mode(), _on(self.device):
-            for static in [*self.encoders.values(), *self.decoders.values(), *self.boosted_decoders.values()]:
+            for static in self.static_batches:
                 static.capture(guard)
+        if self.graphs:
+            log.info("captured %d graphs in %.1f s: %s", self.graph_count, sum(s.capture_seconds for s in self.static_batches),
+                     ", ".join(f"{s.name} {len(s.sizes)} in {s.capture_seconds:.1f} s" for s in self.static_batches))
+
+    @property
+    def graph_count(self) -> int:
+        return sum(len(s.sizes) for s in self.static_batches) if self.graphs else 0
 
     # --- stages ----------------------------------------------------------------------------
     def pre_encode(self, step: Step) -> None:
@@ -170,7 +187,11 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         pools = {stage: torch.cuda.graph_pool_handle() if cuda else None for stage in ("encode", "decode")}
         d, scratch = self.model.cfg.encoder.d_model, self.slots
+        # Fine sizes for the plain batches of the main mode (most streams); the other modes' batches and
+        # those with key phrases (the few) pad to powers of two: a third of the graphs to capture.
+        fine, coarse = graph_sizes(self.max_batch), graph_sizes(self.max_batch, dense=self.max_batch)
         for mode in self.model.cfg.encoder.att_context_sizes:
+            sizes = fine if mode == self.main_mode else coarse
             frames = self.model.encoder.chunk_spec(mode).out_frames
 
             def inputs(n: int, dtype: torch.dtype, frames=frames):
@@ -180,12 +201,12 @@ class ModelRunner:
             padding = (None, 0, scratch)  # padding rows: no valid frame, the scratch slot
             self.encoders[mode] = StaticBatches(f"encode {mode}", partial(self._layers, mode=mode),
                                                 partial(inputs, dtype=self.model.encoder_dtype), padding,
-                                                self.max_batch, cuda, pools["encode"])
+                                                self.max_batch, cuda, pools["encode"], sizes)
             self.decoders[mode] = StaticBatches(f"decode {mode}", self._greedy, partial(inputs, dtype=torch.float32),
-                                                padding, self.max_batch, cuda, pools["decode"])
+                                                padding, self.max_batch, cuda, pools["decode"], sizes)
             self.boosted_decoders[mode] = StaticBatches(f"decode+phrases {mode}", self._boosted_greedy,
                                                         partial(inputs, dtype=torch.float32), padding,
-                                                        self.max_batch, cuda, pools["decode"])
+                                                        self.max_batch, cuda, pools["decode"], coarse)
 
     def _index(self, values: list[int]) -> torch.Tensor:
         """Host integers on the device, without a blocking copy."""

@@ -181,6 +181,7 @@ def health(ctx: ServerContext) -> dict:
         "ports": ctx.config.ports,
         "connections": ctx.open_sessions,
         "precision": ctx.engine.info.precision.summary(),
+        "start": {"seconds": ctx.engine.info.start_seconds, "cuda_graphs": ctx.engine.info.cuda_graphs},
         "latency": ctx.engine.latency_figures(),
         **ctx.engine.stats(),
     }
