@@ -202,11 +202,18 @@ class GpuSampler:
 
 def load_level(server: Server, wav: Path, n: int, settings: dict) -> dict:
     cpu0 = server.cpu_seconds()
+    spy = None
+    if settings.get("profile"):  # py-spy's raw stacks of every server thread for the level's middle
+        spy = subprocess.Popen([settings["profile"], "record", "-r", "100", "-d", str(int(settings["seconds"] * 0.6)),
+                                "-f", "raw", "-o", str(settings["out"].parent / f"server-{n}.txt"), "-p",
+                                str(server.proc.pid), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with GpuSampler() as gpu:
         proc = subprocess.run([sys.executable, str(LOADGEN), "--port", str(server.tcp), "--wav", str(wav),
                                "--clients", str(n), "--procs", str(min(settings["procs"], n)), "--final-wait", "10",
                                "--connect-timeout", "20", "--metrics", server.http + "/metrics"],
                               capture_output=True, text=True, timeout=settings["seconds"] + 120)
+    if spy is not None:
+        spy.wait(30)
     if proc.returncode:
         raise RuntimeError(f"load client failed: {proc.stderr[-1000:]}")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -365,8 +372,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_check")
     ap.add_argument("--work", type=Path, default=None, help="where the random model goes (default: a temporary folder)")
     ap.add_argument("--minutes", type=float, default=7.0, help="the whole check ends by then: later parts are skipped")
+    ap.add_argument("--profile", metavar="PY_SPY", help="py-spy's path: record the server during each load level "
+                    "(server-N.txt beside --out, py-spy's raw format)")
     args = ap.parse_args()
-    settings = DRY if args.dry_run else FULL
+    settings = (DRY if args.dry_run else FULL) | {"profile": args.profile, "out": args.out}
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device visible to torch (use --dry-run on CPU)")
     single_threaded_host()

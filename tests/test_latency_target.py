@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from parakeet_stream.engine.latency import LatencyTarget
+from parakeet_stream.engine.latency import LatencyTarget, Recent
 from parakeet_stream.engine.policy import LOADED, SATURATED, Ready, StepCost, Timeline, decide
 
 PERIOD = 0.16  # seconds of audio per chunk
@@ -153,3 +153,11 @@ def test_the_budget_is_the_target_less_delivery_and_margin_at_p95_never_below_ha
 def test_a_target_of_zero_or_less_is_refused():
     with pytest.raises(ValueError, match="above 0"):
         LatencyTarget(0.0)
+
+
+def test_the_recent_window_percentile_is_numpys_over_the_last_measurements():
+    rng = np.random.default_rng(0)
+    recent, values = Recent(50), rng.normal(0.05, 0.03, 300).tolist()
+    for n, value in enumerate(values, 1):
+        recent.append(value)
+        assert recent.high() == pytest.approx(max(np.percentile(values[max(0, n - 50) : n], 95), 0.0), abs=1e-12)

@@ -28,23 +28,22 @@ from typing import Callable, Iterator
 
 import torch
 
+from ..model.device import next_size
+
 log = logging.getLogger(__name__)
 
 Guard = Callable[[torch.Tensor], AbstractContextManager]
 
 
-def graph_sizes(max_batch: int, waste: float = 0.125, dense: int = 64) -> list[int]:
+def graph_sizes(max_batch: int, dense: int = 64) -> list[int]:
     """Batch sizes to capture, up to `max_batch`: a batch of n rows runs at the next size up.
     Up to `dense` rows the sizes are powers of two (a GPU step's time is flat there: 9 ms at 1 row,
     12.5 ms at 64 for `large` on an H200, so padding costs next to nothing); above, each size pads
-    by less than `waste` of itself (powers of two would pad 513 rows to 1,024)."""
+    by less than an eighth of itself (powers of two would pad 513 rows to 1,024)."""
     sizes, size = [], 1
-    while size < min(dense, max_batch):
-        sizes.append(size)
-        size *= 2
     while size < max_batch:
         sizes.append(size)
-        size += max(1, int(size * waste))
+        size = next_size(size, dense=dense)
     return sizes + [max_batch]
 
 

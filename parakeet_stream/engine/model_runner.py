@@ -54,6 +54,7 @@ class ModelRunner:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.cache, self.decoder_state, self.boost = self.allocate_pools(slots)
         self.streams = StageStreams(self.device, STAGES)
+        self.pre_encoders: dict[Lookahead, StaticBatches] = {}
         self.encoders: dict[Lookahead, StaticBatches] = {}
         self.decoders: dict[Lookahead, StaticBatches] = {}
         self.boosted_decoders: dict[Lookahead, StaticBatches] = {}  # batches where a stream has phrases
@@ -71,7 +72,8 @@ class ModelRunner:
 
     @property
     def static_batches(self) -> list[StaticBatches]:
-        return [*self.encoders.values(), *self.decoders.values(), *self.boosted_decoders.values()]
+        return [*self.pre_encoders.values(), *self.encoders.values(), *self.decoders.values(),
+                *self.boosted_decoders.values()]
 
     def capture(self) -> None:
         """Capture every CUDA graph (every mode, every size), before the stage threads start."""
@@ -153,8 +155,8 @@ class ModelRunner:
         feats = frames.to(self.model.encoder_dtype)
         lengths = self._index([w.length for w in windows])
         start = self._index([w.start for w in windows])
-        parts = [self.model.encoder.stream_pre_encode(feats[i : i + self.max_batch], lengths[i : i + self.max_batch],
-                                                      start[i : i + self.max_batch], mode)[0]
+        run = self.pre_encoders.get(mode) or partial(self._pre_encode, mode=mode)
+        parts = [run(feats[i : i + self.max_batch], lengths[i : i + self.max_batch], start[i : i + self.max_batch])
                  for i in range(0, len(windows), self.max_batch)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -164,6 +166,9 @@ class ModelRunner:
         for item, n in zip(items, frames):
             item.frames.append(n)
         return Batch(mode, items, x, self._index(frames), self._index([item.slot for item in items]))
+
+    def _pre_encode(self, feats, lengths, start, mode: Lookahead, guard=None) -> torch.Tensor:
+        return self.model.encoder.stream_pre_encode(feats, lengths, start, mode)[0]
 
     def _layers(self, x, lengths, slots, mode: Lookahead, guard=None) -> torch.Tensor:
         return self.model.encoder.stream_layers(x, lengths, self.cache, slots, mode)
@@ -182,17 +187,26 @@ class ModelRunner:
         return self._greedy(enc, lengths, slots, guard, self.boost.rows(slots))
 
     def _static_batches(self) -> None:
-        """The encoder layers and the greedy pass of every mode as static batches; the graphs of each
+        """Pre-encode, the encoder layers and the greedy pass of every mode as static batches; the graphs of each
         stage share one memory pool (a stage's replays never overlap: they run on its one stream)."""
         cuda = self.device.type == "cuda"
-        pools = {stage: torch.cuda.graph_pool_handle() if cuda else None for stage in ("encode", "decode")}
-        d, scratch = self.model.cfg.encoder.d_model, self.slots
+        pools = {stage: torch.cuda.graph_pool_handle() if cuda else None for stage in STAGES}
+        d, scratch, n_mels = self.model.cfg.encoder.d_model, self.slots, self.model.cfg.features.n_mels
         # Fine sizes for the plain batches of the main mode (most streams); the other modes' batches and
         # those with key phrases (the few) pad to powers of two: a third of the graphs to capture.
         fine, coarse = graph_sizes(self.max_batch), graph_sizes(self.max_batch, dense=self.max_batch)
         for mode in self.model.cfg.encoder.att_context_sizes:
             sizes = fine if mode == self.main_mode else coarse
-            frames = self.model.encoder.chunk_spec(mode).out_frames
+            spec = self.model.encoder.chunk_spec(mode)
+            frames = spec.out_frames
+
+            def windows(n: int, window=spec.window):
+                rows = torch.zeros(n, dtype=torch.long, device=self.device)
+                return torch.zeros(n, window, n_mels, device=self.device, dtype=self.model.encoder_dtype), rows, rows.clone()
+
+            # pre-encode's rows are independent: padding rows are zero frames, every one valid
+            self.pre_encoders[mode] = StaticBatches(f"pre-encode {mode}", partial(self._pre_encode, mode=mode), windows,
+                                                    (None, spec.window, 0), self.max_batch, cuda, pools["pre-encode"], sizes)
 
             def inputs(n: int, dtype: torch.dtype, frames=frames):
                 rows = torch.zeros(n, dtype=torch.long, device=self.device)

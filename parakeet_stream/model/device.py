@@ -39,3 +39,18 @@ def to_device(values: np.ndarray | torch.Tensor, device: torch.device) -> torch.
     if device.type != "cuda":
         return host
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def next_size(size: int, waste: float = 0.125, dense: int = 64) -> int:
+    """The batch size after `size` in the fixed sizes a GPU runs (graphs, cuFFT and cuDNN plans are
+    made once per shape): powers of two up to `dense` rows, where a GPU step's time is flat, then
+    steps that pad a batch by less than `waste` of its size."""
+    return size * 2 if size < dense else size + max(1, int(size * waste))
+
+
+def padded_size(n: int) -> int:
+    """The fixed size a batch of n rows pads to (`next_size`'s sequence)."""
+    size = 1
+    while size < n:
+        size = next_size(size)
+    return size

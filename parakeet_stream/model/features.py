@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .device import to_device
+from .device import padded_size, to_device
 from .config import FeatureConfig
 
 
@@ -57,13 +57,17 @@ class LogMelFeatures(nn.Module):
         return nn.functional.pad(self.window, (left, self.cfg.n_fft - self.cfg.win_length - left))
 
     def mel(self, frames: torch.Tensor) -> torch.Tensor:
-        """Emphasised sample frames [..., n_fft] -> log-mel [..., n_mels]."""
-        cfg = self.cfg
+        """Emphasised sample frames [..., n_fft] -> log-mel [..., n_mels]. On a GPU, frames [F, n_fft]
+        are padded to a fixed count first: cuFFT and cuBLAS make a plan per new shape, which costs
+        milliseconds, and a step's frame count is new at almost every step."""
+        cfg, n = self.cfg, frames.size(0)
+        if frames.is_cuda and frames.dim() == 2 and padded_size(n) != n:
+            frames = torch.cat((frames, frames.new_zeros(padded_size(n) - n, frames.size(1))))
         spec = torch.view_as_real(torch.fft.rfft(frames * self._padded_window(), n=cfg.n_fft))
         mag = torch.sqrt(spec.pow(2).sum(-1))
         if cfg.mag_power != 1.0:
             mag = mag.pow(cfg.mag_power)
-        return torch.log(torch.matmul(mag, self.fb.t()) + cfg.log_guard)
+        return torch.log(torch.matmul(mag, self.fb.t()) + cfg.log_guard)[:n]
 
     def emphasise(self, samples: np.ndarray, previous: float | None = None) -> np.ndarray:
         """Pre-emphasis y[n] = x[n] - a * x[n-1] (float32, on the host); `previous` is the sample before
