@@ -22,15 +22,15 @@ def numbered(spec, frames: int) -> FrontEnd:
     """A front end holding `frames` mel frames; frame i (0-based) is filled with i + 1, so 0 is padding."""
     front = FrontEnd(FEATURES, spec)
     chunker.add_features(FEATURES, [front], [torch.zeros(0)], [False])
-    front.mel = torch.cat((front.mel, more(0, frames)))
+    front.mel = np.concatenate((front.mel, more(0, frames)))
     return front
 
 
-def more(start: int, frames: int) -> torch.Tensor:
-    return torch.arange(start + 1, start + frames + 1, dtype=torch.float32)[:, None].expand(frames, N_MELS).clone()
+def more(start: int, frames: int) -> np.ndarray:
+    return np.repeat(np.arange(start + 1, start + frames + 1, dtype=np.float32)[:, None], N_MELS, axis=1)
 
 
-def ids(rows: torch.Tensor) -> list[int]:
+def ids(rows: np.ndarray) -> list[int]:
     return [int(v) for v in rows[:, 0]]
 
 
@@ -42,7 +42,7 @@ def test_first_chunk_is_left_padded_to_the_window():
     assert (w.start, w.length) == (spec.first_pad, spec.first_frames) == (16, 9)
     assert ids(w.frames) == [0] * 16 + list(range(1, 10))
     assert ids(front.history) == list(range(1, 10))
-    assert front.chunks_cut == 1 and front.mel.size(0) == 21
+    assert front.chunks_cut == 1 and front.mel.shape[0] == 21
 
 
 def test_later_chunks_carry_the_previous_frames_and_only_whole_ones_are_cut():
@@ -54,7 +54,7 @@ def test_later_chunks_carry_the_previous_frames_and_only_whole_ones_are_cut():
     assert (w.start, w.length) == (0, spec.window)
     assert ids(w.frames) == list(range(1, 26))  # history (1..9), then its own 16 frames
     assert ids(front.history) == list(range(17, 26))
-    front.mel = torch.cat((front.mel, more(30, 11)))
+    front.mel = np.concatenate((front.mel, more(30, 11)))
     assert [ids(w.frames)[-1] for w in chunker.cut(front, 5, last=False)] == [41]
 
 
@@ -99,7 +99,7 @@ def test_the_last_features_are_zero_masked_past_samples_over_hop():
     n = 1000
     chunker.add_features(FEATURES, [front], [torch.randn(n)], [True])
     valid = n // FEATURES.cfg.hop_length
-    assert front.mel.size(0) == valid + 1
+    assert front.mel.shape[0] == valid + 1
     assert bool((front.mel[valid:] == 0).all()) and bool((front.mel[:valid] != 0).all())
 
 

@@ -40,7 +40,7 @@ def stream_encoder(model, audio, lookahead) -> torch.Tensor:
     cache = EncoderCache.zeros(model.cfg.encoder, 1)
     outs = []
     for chunk in chunker.cut(front, 0, last=True):
-        x, lens = model.encoder.stream_pre_encode(chunk.frames[None], torch.tensor([chunk.length]),
+        x, lens = model.encoder.stream_pre_encode(torch.from_numpy(chunk.frames[None]), torch.tensor([chunk.length]),
                                                   torch.tensor([chunk.start]), lookahead)
         enc = model.encoder.stream_layers(x, lens, cache, torch.tensor([0]), lookahead)
         outs.append(enc[0, : lens[0]])

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..audio import SAMPLE_RATE, check_samples
-from ..host import free_memory, stage_threads, stages_beside
+from ..host import free_memory, responsive_threads, stage_threads, stages_beside
 from ..model.config import Lookahead
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
@@ -107,6 +107,7 @@ class ASREngine:
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> "ASREngine":
         if not self._started:
+            responsive_threads()
             self.pipeline.start()
             self._started = True
         return self

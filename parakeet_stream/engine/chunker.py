@@ -5,10 +5,16 @@ Chunks are cut exactly as NeMo's CacheAwareStreamingAudioBuffer cuts them, at th
 of ChunkSpec.frames_through; every window has the same size so that chunks of different
 streams (first chunks included) batch together.
 
-Per stream, only host arithmetic: its framing state (numpy), which rows of a step's features
-make its windows. The tensor work is a few operations per step, whatever the number of streams:
-the features of every stream at once (one copy of the samples to the device), then every
-window of one lookahead mode as one gather from the streams' features.
+Per stream, only host arithmetic, in numpy: its framing state, its features not cut yet, which
+rows make its windows. The tensor work is a few operations per step, whatever the number of
+streams: the features of every stream at once (one copy of the samples to the device, one copy
+of the features back), then every window of one lookahead mode as one copy to the device.
+
+Why no tensor per stream: every torch call hands the GIL back and takes it again, and while
+another thread runs Python (the server's protocol work, the other stages) taking it back waits
+up to the interpreter's switch interval. A step of 256 streams with a torch call per stream took
+4 ms per chunk beside one busy Python thread, against 0.1 ms alone; numpy calls on small arrays
+keep the GIL.
 """
 
 from __future__ import annotations
@@ -31,8 +37,8 @@ class FrontEnd:
         self.spec = spec
         self.framing = FeatureStream(features)
         self.n_mels = features.cfg.n_mels
-        self.mel: torch.Tensor | None = None  # features not yet cut into chunks
-        self.history: torch.Tensor | None = None  # last `pre_cache` frames: the pre-encode cache
+        self.mel: np.ndarray | None = None  # features not yet cut into chunks [frames, n_mels]
+        self.history: np.ndarray | None = None  # last `pre_cache` frames: the pre-encode cache
         self.chunks_cut = 0
 
 
@@ -40,7 +46,7 @@ class FrontEnd:
 class Window:
     """Mel frames of one encoder step of one stream: [spec.window, n_mels], valid in [start, start + length)."""
 
-    frames: torch.Tensor
+    frames: np.ndarray
     start: int
     length: int
 
@@ -58,14 +64,15 @@ def add_features(features: LogMelFeatures, fronts: list[FrontEnd], samples: list
         counts.append(sum(n for _, n in parts))
     fb = features.fb
     mel = features.mel(features.frames(segments)) if sum(counts) else fb.new_zeros(0, fb.size(0))
-    for front, m, is_last in zip(fronts, mel.split(counts), last):
+    mel = mel.float().cpu().numpy()  # one copy back: the per-stream work below is numpy's
+    for front, m, is_last in zip(fronts, np.split(mel, np.cumsum(counts)[:-1]), last):
         if is_last:  # NeMo zero-masks the frames past samples // hop
-            done = front.framing.frames_done - m.size(0)
+            done = front.framing.frames_done - m.shape[0]
             m[max(0, front.framing.valid_frames - done) :] = 0.0
         if front.mel is None:
-            front.mel = m.new_zeros(0, front.n_mels)
-            front.history = m.new_zeros(front.spec.pre_cache, front.n_mels)
-        front.mel = torch.cat((front.mel, m)) if front.mel.size(0) else m
+            front.mel = np.zeros((0, front.n_mels), np.float32)
+            front.history = np.zeros((front.spec.pre_cache, front.n_mels), np.float32)
+        front.mel = np.concatenate((front.mel, m)) if front.mel.shape[0] else m
 
 
 def cut(front: FrontEnd, count: int, last: bool) -> list[Window]:
@@ -73,35 +80,36 @@ def cut(front: FrontEnd, count: int, last: bool) -> list[Window]:
     return cut_all([front], [count], [last])[1][0]
 
 
-def cut_all(fronts: list[FrontEnd], counts: list[int], last: list[bool]) -> tuple[torch.Tensor | None, list[list[Window]]]:
+def cut_all(fronts: list[FrontEnd], counts: list[int], last: list[bool],
+            device: torch.device | None = None) -> tuple[torch.Tensor | None, list[list[Window]]]:
     """The next chunks of streams of one lookahead mode at once: every window as one tensor
-    [windows, spec.window, n_mels], round by round (each stream's first window, then each one's
-    second, ...), or None without any; and each stream's windows (rows of it)."""
+    [windows, spec.window, n_mels] on `device` (default: the CPU), round by round (each stream's
+    first window, then each one's second, ...), or None without any; and each stream's windows."""
     plans = [_plan(front, count, is_last) for front, count, is_last in zip(fronts, counts, last)]
     rounds = max((len(p) for p in plans), default=0)
     if rounds == 0:
         return None, [[] for _ in fronts]
     # one source for every row: a zero row, then each stream's history and features not cut yet
-    like = next(front.mel for front, plan in zip(fronts, plans) if plan)
-    sources, base, rows_so_far = [like.new_zeros(1, like.size(1))], [], 1
+    n_mels = fronts[0].n_mels
+    sources, base, rows_so_far = [np.zeros((1, n_mels), np.float32)], [], 1
     for front, plan in zip(fronts, plans):
         base.append(rows_so_far)
         if plan:
             sources += [front.history, front.mel]
-            rows_so_far += front.history.size(0) + front.mel.size(0)
-    source = torch.cat(sources)
+            rows_so_far += front.history.shape[0] + front.mel.shape[0]
+    source = np.concatenate(sources)
     rows, owners = [], []
     for r in range(rounds):
         for s, plan in enumerate(plans):
             if r < len(plan):
                 rows.append(np.where(plan[r][0] >= 0, plan[r][0] + base[s], 0))
                 owners.append((s, plan[r][1], plan[r][2]))
-    frames = source[to_device(np.stack(rows), source.device)]
+    frames = source[np.stack(rows)]
     windows: list[list[Window]] = [[] for _ in fronts]
     for row, (s, start, length) in enumerate(owners):
         windows[s].append(Window(frames[row], start, length))
     _advance(fronts, plans, source, base)
-    return frames, windows
+    return to_device(frames, device or torch.device("cpu")), windows
 
 
 def _plan(front: FrontEnd, count: int, last: bool) -> list[tuple[np.ndarray, int, int, int]]:
@@ -110,7 +118,7 @@ def _plan(front: FrontEnd, count: int, last: bool) -> list[tuple[np.ndarray, int
     out: list[tuple[np.ndarray, int, int, int]] = []
     if front.mel is None:
         return out
-    spec, have, offset = front.spec, front.mel.size(0), 0
+    spec, have, offset = front.spec, front.mel.shape[0], 0
     pre = spec.pre_cache
     while last or len(out) < count:
         chunk = front.chunks_cut + len(out)
@@ -130,14 +138,12 @@ def _plan(front: FrontEnd, count: int, last: bool) -> list[tuple[np.ndarray, int
     return out
 
 
-def _advance(fronts: list[FrontEnd], plans: list, source: torch.Tensor, base: list[int]) -> None:
+def _advance(fronts: list[FrontEnd], plans: list, source: np.ndarray, base: list[int]) -> None:
     """After cutting: each stream's history is the `pre_cache` frames before what is left, the rest its features."""
-    cut_streams = [s for s, plan in enumerate(plans) if plan]
     pre = fronts[0].spec.pre_cache
-    taken = {s: sum(new for *_, new in plans[s]) for s in cut_streams}
-    index = np.stack([base[s] + taken[s] + np.arange(pre) for s in cut_streams])
-    histories = source[to_device(index, source.device)].unbind(0)
-    for s, history in zip(cut_streams, histories):
-        front = fronts[s]
-        front.history, front.mel = history, front.mel[taken[s] :]
-        front.chunks_cut += len(plans[s])
+    for s, plan in enumerate(plans):
+        if plan:
+            front, taken = fronts[s], sum(new for *_, new in plan)
+            front.history = source[base[s] + taken : base[s] + taken + pre].copy()  # not a view: source is the step's
+            front.mel = front.mel[taken:]
+            front.chunks_cut += len(plan)

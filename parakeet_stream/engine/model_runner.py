@@ -100,7 +100,7 @@ class ModelRunner:
         batches = []
         for mode, items in by_mode.items():
             frames, windows = chunker.cut_all([i.seq.front for i in items], [i.chunks for i in items],
-                                              [i.last for i in items])
+                                              [i.last for i in items], self.device)
             if frames is None:
                 continue
             rows = [(r, item, ws[r]) for r in range(max(map(len, windows)))  # frames' order: round by round
