@@ -70,9 +70,11 @@ DRY = {"device": "cpu", "model": "nemotron_tiny", "dtype": "float32", "lookahead
 
 
 class Report:
-    def __init__(self, deadline: float):
+    """The parts' records, written out as each part ends (a check cut short still leaves its figures)."""
+
+    def __init__(self, deadline: float, out: Path, dry_run: bool):
         self.parts: dict[str, dict] = {}
-        self.deadline = deadline
+        self.deadline, self.out, self.dry_run = deadline, out, dry_run
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -94,6 +96,7 @@ class Report:
         record["seconds"] = round(time.perf_counter() - start, 1)
         self.parts[name] = record
         print(json.dumps({name: record}, default=str), flush=True)
+        write(self.parts, self.out, self.dry_run)
 
 
 def machine(device: str) -> dict:
@@ -273,6 +276,7 @@ def serve(report: Report, model: Path, settings: dict, work: Path) -> None:
         server.close()
         log = (work / "server.log").read_text()
         report.parts["server start"]["graphs_log"] = [line for line in log.splitlines() if "captured" in line][-1:]
+        write(report.parts, report.out, report.dry_run)
 
 
 # --- the engine in-process ----------------------------------------------------------------------
@@ -381,12 +385,16 @@ def main() -> None:
     single_threaded_host()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # thousands of connections, server and clients
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    report = Report(time.monotonic() + args.minutes * 60)
+    report = Report(time.monotonic() + args.minutes * 60, args.out, args.dry_run)
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         run_parts(report, settings, work)
-    write(report.parts, args.out, args.dry_run)
+    failed = [name for name, rec in report.parts.items() if not rec.get("ok")]
+    print(f"gpu_check: {len(report.parts) - len(failed)}/{len(report.parts)} parts ok"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(verdict(report.parts))
+    print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.md')}")
 
 
 def run_parts(report: Report, settings: dict, work: Path) -> None:
@@ -446,10 +454,6 @@ def write(parts: dict, out: Path, dry_run: bool) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"dry_run": dry_run, "parts": parts}, indent=2, default=str))
     out.with_suffix(".md").write_text(markdown(parts))
-    failed = [name for name, rec in parts.items() if not rec.get("ok")]
-    print(f"gpu_check: {len(parts) - len(failed)}/{len(parts)} parts ok" + (f"; failed: {', '.join(failed)}" if failed else ""))
-    print(verdict(parts))
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
 
 
 def markdown(parts: dict) -> str:

@@ -14,7 +14,7 @@ import pytest
 from parakeet_stream.engine.errors import QueueFull
 from parakeet_stream.engine.inbox import Inbox
 from parakeet_stream.engine.policy import StepCost
-from parakeet_stream.engine.scheduler import Scheduler
+from parakeet_stream.engine.scheduler import RAMP, Scheduler
 from parakeet_stream.engine.sequence import Sequence, Status
 from parakeet_stream.model.conformer import chunk_spec
 
@@ -47,7 +47,7 @@ def test_admits_up_to_the_slots_then_queues_in_order():
     assert [sch.position(s) for s in seqs] == [0, 0, 1, 2, 3]
     with pytest.raises(QueueFull):
         sch.add(seq())
-    assert sch.stats() == {"active": 2, "queued": 3, "free_slots": 0, "max_num_streams": 2, "max_queue": 3}
+    assert sch.stats() == {"active": 2, "queued": 3, "free_slots": 0, "capacity": 2, "max_num_streams": 2, "max_queue": 3}
 
 
 def test_a_step_takes_the_ready_chunks():
@@ -265,3 +265,67 @@ def test_stop_ends_schedule():
     sch = scheduler()
     sch.stop()
     assert sch.schedule() is None
+
+
+# Admission by measured capacity: 160 ms chunks (SPEC's 16 mel frames of 10 ms), HEADROOM 0.8: a round of
+# every live stream within 128 ms.
+def test_live_streams_wait_beyond_the_measured_capacity_however_many_slots_are_free():
+    sch = Scheduler(100, 100, target=0.32, sample_rate=RATE)
+    measured(sch, (1, 0.0735), (11, 0.0785))  # a line of 73 ms + 0.5 ms per stream: 110 streams in 128 ms
+    assert sch.cost.most_streams(0.128, 1000) == 110
+    measured(sch, (1, 0.076), (21, 0.086))  # 75.5 ms + 0.5 ms per stream: 105 streams
+    sch.max_num_streams = 200
+    sch.free.extend(range(100, 200))
+    seqs = [seq() for _ in range(110)]
+    admitted = [sch.add(s) for s in seqs]
+    assert admitted == [True] * 105 + [False] * 5
+    assert sch.position(seqs[105]) == 1 and sch.stats()["free_slots"] == 0 and sch.stats()["capacity"] == 105
+    assert not sch.add(seq(bulk=True))  # first come, first served: behind the waiting live streams
+
+
+def test_bulk_streams_take_free_slots_beyond_the_live_capacity():
+    sch = Scheduler(3, 3, target=0.32, sample_rate=RATE)
+    measured(sch, (1, 0.060), (2, 0.110))  # 2 live streams
+    assert [sch.add(seq()) for _ in range(2)] == [True, True]
+    assert sch.stats()["free_slots"] == 0  # for live streams
+    assert sch.add(seq(bulk=True))  # files fill what live streams leave: slots alone decide
+
+
+def test_a_waiting_stream_is_admitted_when_a_live_one_ends_or_steps_prove_cheaper():
+    sch = Scheduler(10, 10, target=0.32, sample_rate=RATE)
+    measured(sch, (1, 0.060), (2, 0.110))  # 10 ms + 50 ms per stream: 2 streams
+    seqs = [seq() for _ in range(4)]
+    assert [sch.add(s) for s in seqs] == [True, True, False, False]
+    sch.finalize(seqs[0])
+    step = sch.schedule()
+    assert [item.seq for item in step] == [seqs[0]] and step.items[0].last
+    measured(sch, (1, 0.060), (2, 0.110))
+    sch.cost.alpha = 0.0  # the costs stay as set: this step's own time (no model ran) does not count
+    failed, changed = sch.postprocess(step)
+    assert not failed and changed[:1] == [seqs[2]] and seqs[2].status is Status.RUNNING  # the slot and the room
+    assert seqs[3].status is Status.WAITING and sch.position(seqs[3]) == 1
+    give_chunks(seqs[1], 1)
+    step = sch.schedule()
+    measured(sch, (1, 0.010), (2, 0.012))  # cheaper: 8 ms + 2 ms per stream, room for all
+    sch.cost.alpha = 0.0
+    sch.postprocess(step)
+    assert seqs[3].status is Status.RUNNING and sch.stats()["queued"] == 0
+
+
+def test_before_two_batch_sizes_are_measured_a_burst_is_let_in_a_ramp_at_a_time():
+    sch = Scheduler(RAMP + 10, 20, target=0.32, sample_rate=RATE)
+    measured(sch, (4, 0.5))  # one size: no line yet
+    assert [sch.add(seq()) for _ in range(RAMP + 1)] == [True] * RAMP + [False]
+    assert sch.stats()["capacity"] == RAMP
+
+
+def test_the_cost_line_is_least_squares_never_negative():
+    cost = StepCost()
+    for batch, seconds in [(1, 0.010), (2, 0.012), (4, 0.016)]:
+        cost.record(batch, seconds)
+    fixed, per_stream = cost.line()
+    assert fixed == pytest.approx(0.008) and per_stream == pytest.approx(0.002)
+    flat = StepCost()
+    for batch, seconds in [(1, 0.010), (64, 0.009)]:  # a GPU's flat step, noise making it fall
+        flat.record(batch, seconds)
+    assert flat.line()[1] == 0.0 and flat.most_streams(0.128, 4096) == 4096 and flat.most_streams(0.005, 4096) == 0

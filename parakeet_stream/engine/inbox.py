@@ -64,6 +64,11 @@ class Inbox:
         self._next_ready = self.samples_for(0)  # samples that make the next chunk ready
         self._lock = threading.Lock()
 
+    @property
+    def chunk_samples(self) -> int:
+        """Samples of audio per chunk after the first: how often the stream needs a step."""
+        return self.spec.chunk_frames * self._hop
+
     def samples_for(self, chunk: int) -> int:
         """Samples a stream needs before its chunk `chunk` (0-based) is ready, lookahead included."""
         return (self.spec.frames_through(chunk) - 1) * self._hop + self._tail

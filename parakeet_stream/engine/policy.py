@@ -49,6 +49,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 GRACE = 0.005  # arrivals are predicted from real-time pacing: allow this much jitter
@@ -78,6 +80,7 @@ class StepCost:
         # policy's bisection over batch sizes then settled on narrow steps, two per round of files)
         self._batches: list[int] = []
         self._costs: list[float] = []
+        self._line: tuple[float, float] | None = None
 
     @property
     def measured(self) -> bool:
@@ -92,6 +95,31 @@ class StepCost:
         self._seconds[batch] = seconds if old is None else old + self.alpha * (seconds - old)
         self._batches = sorted(self._seconds)
         self._costs = list(itertools.accumulate((self._seconds[b] for b in reversed(self._batches)), min))[::-1]
+        self._line = None
+
+    def line(self) -> tuple[float, float] | None:
+        """(fixed, per stream) seconds of a round, a least-squares line through the measured batches;
+        None before two batch sizes were measured. What admission extrapolates with: a step's fixed
+        part (the weights' read) and its per-stream part (the host's work, the arithmetic) both show
+        in the steps of any load, where `__call__`'s proportional extrapolation beyond the largest
+        batch measured would price a GPU's flat steps as if every stream paid the fixed part."""
+        if self._line is None and len(self._seconds) >= 2:
+            x = np.array(list(self._seconds), dtype=float)
+            y = np.array(list(self._seconds.values()))
+            slope = max(float(np.polyfit(x, y, 1)[0]), 0.0) if np.ptp(x) else 0.0
+            self._line = (max(float(np.mean(y - slope * x)), 0.0), slope)
+        return self._line
+
+    def most_streams(self, seconds: float, limit: int) -> int:
+        """The most streams (up to `limit`) whose round the line predicts within `seconds`; `limit`
+        before the line is known."""
+        line = self.line()
+        if line is None:
+            return limit
+        fixed, per_stream = line
+        if per_stream <= 0:
+            return limit if fixed <= seconds else 0
+        return max(0, min(limit, int((seconds - fixed) / per_stream + 1e-9)))
 
     def record_step(self, chunks: list[int], seconds: float) -> None:
         """A step with `chunks` per stream (at least 1 each) took `seconds`: its rounds at their mean batch."""

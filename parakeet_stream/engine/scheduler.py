@@ -6,6 +6,16 @@ budget, latency.py), then bulk streams' backlogs in the room the live ones leave
 executes it; `postprocess()` takes it back, releases finished streams' slots and admits waiting
 ones. A stream's lifecycle (status, slot,
 steps in flight, chunks scheduled, its final's time) changes here only, under one lock.
+
+Admission by measured capacity: a live stream takes a slot only while the measured step cost
+(StepCost's line through the steps run so far: a round's fixed part and its part per stream)
+predicts a round of every live stream within HEADROOM of the shortest chunk period among them;
+past that it waits in the queue, however many slots are free, and is admitted as streams end or
+as steps prove cheaper. Beyond that point every stream would fall behind together: each step takes
+longer than the audio it serves, and the next step is larger. Until two batch sizes were measured
+(the first steps after start) at most RAMP live streams run: a burst of clients at start-up is let
+in as the steps measure what the machine holds, not all at once. Bulk streams (files) have no
+deadline: they fill what live streams leave, so slots alone decide for them.
 """
 
 from __future__ import annotations
@@ -21,6 +31,8 @@ from .sequence import DEAD, Sequence, Status
 from .step import Step, StepItem
 
 BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
+HEADROOM = SATURATED  # share of a chunk period a round of every live stream may take
+RAMP = 16  # live streams admitted before the step cost's line is known
 
 
 class Scheduler:
@@ -52,7 +64,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> bool:
         """Admit now (True) or queue (False); raises QueueFull when the waiting queue is full."""
         with self._cv:
-            if self.free and not self.waiting:
+            if not self.waiting and self._admits(seq):
                 self._admit(seq)
                 return True
             if len(self.waiting) >= self.max_queue:
@@ -122,7 +134,7 @@ class Scheduler:
                     self.latency.step_done(now - step.predicted_end)
             self._timeline.settle(now, sum(s.predicted_seconds for s in self._in_flight))
             self._busy.append((now, sum(step.seconds.values())))
-            newly_failed, changed = [], []
+            newly_failed, changed = [], self._admit_waiting()  # steps measured cheaper may make room
             for item in step:
                 seq = item.seq
                 seq.in_flight -= 1
@@ -150,10 +162,13 @@ class Scheduler:
 
     def stats(self) -> dict:
         with self._cv:
+            live = self._live()
+            capacity = self._capacity(live, None)
             return {
                 "active": len(self.active),
                 "queued": len(self.waiting),
-                "free_slots": len(self.free),
+                "free_slots": min(len(self.free), max(0, capacity - len(live))),  # admitted now, live
+                "capacity": capacity,
                 "max_num_streams": self.max_num_streams,
                 "max_queue": self.max_queue,
             }
@@ -223,6 +238,39 @@ class Scheduler:
             self._busy.popleft()
         return sum(seconds for _, seconds in self._busy) / BUSY_WINDOW
 
+    def _live(self) -> list[Sequence]:
+        return [seq for seq in self.active.values() if not seq.bulk and seq.status not in DEAD]
+
+    def _capacity(self, live: list[Sequence], new: Sequence | None) -> int:
+        """The most live streams the measured step cost serves in real time, with `new` among them."""
+        periods = [seq.inbox.chunk_samples for seq in [*live, *([new] if new else [])]]
+        period = min(periods) / self.sample_rate if periods else None
+        if period is None:
+            return self.max_num_streams
+        if self.cost.line() is None:
+            return min(self.max_num_streams, RAMP)
+        return self.cost.most_streams(HEADROOM * period, self.max_num_streams)
+
+    def _admits(self, seq: Sequence) -> bool:
+        if not self.free:
+            return False
+        if seq.bulk:
+            return True
+        live = self._live()
+        return len(live) < self._capacity(live, seq)
+
+    def _admit_waiting(self) -> list[Sequence]:
+        """Admit waiting streams, first come first served, while they fit; returns every stream whose
+        state changed (the admitted, and the rest of the queue, whose positions moved)."""
+        admitted = []
+        while self.waiting and self._admits(self.waiting[0]):
+            nxt = self.waiting.popleft()
+            self._admit(nxt)
+            admitted.append(nxt)
+        if admitted:
+            self._cv.notify_all()
+        return admitted + (list(self.waiting) if admitted else [])
+
     def _admit(self, seq: Sequence) -> None:
         seq.slot = self.free.popleft()
         seq.status = Status.FINALIZING if seq.final_at is not None else Status.RUNNING
@@ -235,13 +283,8 @@ class Scheduler:
         if seq.status is Status.FINALIZING:
             seq.status = Status.FINISHED
         self.active.pop(seq.stream_id, None)
-        admitted = []
-        while self.free and self.waiting:
-            nxt = self.waiting.popleft()
-            self._admit(nxt)
-            admitted.append(nxt)
         self._cv.notify_all()
-        return admitted + (list(self.waiting) if admitted else [])
+        return self._admit_waiting()
 
 
 def _has_live(step: Step) -> bool:

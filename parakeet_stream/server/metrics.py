@@ -28,7 +28,9 @@ class EngineCollector:
         stats, totals = self._engine.stats(), self._engine.step_totals()
         yield GaugeMetricFamily("parakeet_active_streams", "Streams holding an engine slot", stats["active"])
         yield GaugeMetricFamily("parakeet_queued_streams", "Streams waiting for a slot", stats["queued"])
-        yield GaugeMetricFamily("parakeet_free_slots", "Engine slots free", stats["free_slots"])
+        yield GaugeMetricFamily("parakeet_free_slots", "Live streams admitted now without waiting", stats["free_slots"])
+        yield GaugeMetricFamily("parakeet_capacity_streams", "Live streams the measured step cost serves in real time",
+                                stats["capacity"])
         yield GaugeMetricFamily("parakeet_max_num_streams", "Engine slots in all", stats["max_num_streams"])
         yield CounterMetricFamily(
             "parakeet_audio_seconds", "Seconds of audio processed by the engine", stats["audio_seconds"]

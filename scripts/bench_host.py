@@ -1,0 +1,127 @@
+"""Host-path benchmark: the real engine with the model's arithmetic replaced by a wait on one
+stand-in device, at hundreds to thousands of real-time streams, on a CPU.
+
+On a GPU the arithmetic leaves the host; what stays is the Python around it (features framing,
+chunk cutting, scheduling, results, the audio's arrival) and the interpreter lock it shares with
+the server's protocol work. This benchmark keeps all of that and swaps the model's calls (log-mel,
+pre-encode, encoder layers, greedy decode) for a sleep on one lock, which takes a step's time off
+the host as a GPU would: 9 ms + 0.048 ms per chunk, what random `large` costs in bfloat16 on an
+H200 (docs/performance.md), shared 10/70/20 among pre-encode, encode and decode, one step at a
+time. The decode stand-in emits one token per chunk, so results carry text. Streams push 20-160 ms
+packets in real time from one driver thread (as a server's protocol thread would).
+
+    python scripts/bench_host.py --streams 256 512 1024 2048          # results/bench_host.json
+
+Per level: the chunk latency (p50, p95, first and last third), steps a second and chunks per step,
+the stages' wall milliseconds per step, and the process's CPU microseconds per chunk; a level holds
+when its p95 is within the target and not growing. `--device-ms A,B` sets the step's time model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_engine import keeps_up, run_level  # noqa: E402
+from parakeet_stream.engine import ASREngine  # noqa: E402
+from parakeet_stream.engine.model_runner import ModelRunner  # noqa: E402
+from parakeet_stream.host import single_threaded_host  # noqa: E402
+from parakeet_stream.tools.convert import convert  # noqa: E402
+
+SHARE = {"pre-encode": 0.1, "encode": 0.7, "decode": 0.2}
+TOKEN = 5  # what the decode stand-in emits: one token per chunk
+
+
+class StandIn:
+    """One device: a stage's call waits `SHARE[stage] * (fixed + per_row * rows)` ms, one call at a time."""
+
+    def __init__(self, fixed_ms: float, per_row_ms: float):
+        self.fixed, self.per_row = fixed_ms / 1000, per_row_ms / 1000
+        self.lock = threading.Lock()
+
+    def wait(self, stage: str, rows: int) -> None:
+        with self.lock:
+            time.sleep(SHARE[stage] * (self.fixed + self.per_row * rows))
+
+    def install(self, runner: ModelRunner) -> None:
+        model, d = runner.model, runner.model.cfg.encoder.d_model
+        n_mels = model.cfg.features.n_mels
+
+        def mel(frames):  # part of pre-encode's device time
+            return torch.zeros(frames.size(0), n_mels)
+
+        def pre_encode(feats, lengths, start, mode):
+            self.wait("pre-encode", feats.size(0))
+            spec = model.encoder.chunk_spec(mode)
+            return torch.zeros(feats.size(0), spec.out_frames, d), torch.full((feats.size(0),), spec.out_frames)
+
+        def layers(x, lengths, slots, mode, guard=None):
+            self.wait("encode", x.size(0))
+            return x
+
+        def greedy(enc, lengths, slots, guard=None, boost=None):
+            self.wait("decode", enc.size(0))
+            width = enc.size(1) * model.decoder.cfg.max_symbols + 1
+            out = torch.zeros(enc.size(0), 1 + 3 * width, dtype=torch.int32)
+            out[:, 0], out[:, 1] = 1, TOKEN
+            out[:, 1 + 2 * width] = torch.tensor([1.0]).view(torch.int32)
+            return out
+
+        model.features.mel, model.encoder.stream_pre_encode = mel, pre_encode
+        runner._layers, runner._greedy = layers, greedy
+
+
+def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: float) -> dict:
+    with ASREngine(folder, "cpu", max_num_streams=n, max_batch=n, latency_target=target_ms / 1000) as engine:
+        device.install(engine.runner)
+        mode = engine.default_lookahead
+        chunk_ms = engine.chunk_seconds(mode) * 1000
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        out = run_level(engine, n, seconds, mode)
+        cpu, wall, totals = time.process_time() - cpu0, time.monotonic() - wall0, engine.step_totals()
+    steps = max(totals.steps, 1)
+    out |= {"holds": keeps_up(out, target_ms, chunk_ms), "steps_per_s": round(totals.steps / wall, 1),
+            "chunks_per_step": round(totals.chunks / steps, 1), "cpu_us_per_chunk": round(1e6 * cpu / max(out["chunks"], 1)),
+            "stage_ms_per_step": {k: round(1000 * v / steps, 2) for k, v in totals.seconds.items()},
+            "chunks_per_s": round(out["chunks"] / wall)}
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    ap.add_argument("--seconds", type=float, default=8.0, help="audio per stream")
+    ap.add_argument("--device-ms", default="9,0.048", help="a step's device time: FIXED,PER_CHUNK milliseconds")
+    ap.add_argument("--target-ms", type=float, default=320.0, help="p95 chunk latency a level must hold")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_host.json")
+    args = ap.parse_args()
+    single_threaded_host()
+    fixed, per_row = (float(v) for v in args.device_ms.split(","))
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "nemotron_tiny"
+        convert(str(ROOT / "tests/fixtures/nemo/nemotron_tiny.nemo"), folder)
+        for n in args.streams:
+            runs.append(level(folder, n, args.seconds, StandIn(fixed, per_row), args.target_ms))
+            print(json.dumps(runs[-1]), flush=True)
+    held = [r["streams"] for r in runs if r["holds"]]
+    summary = {"device_ms": [fixed, per_row], "target_ms": args.target_ms, "capacity": max(held, default=0), "levels": runs}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=2))
+    print(f"bench_host: {summary['capacity']} streams hold p95 <= {args.target_ms:.0f} ms "
+          f"(device {fixed} ms + {per_row} ms per chunk a step); wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
