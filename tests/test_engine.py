@@ -193,7 +193,8 @@ def test_more_streams_than_slots_queue_in_order(eou_model, wavs):
             wake.clear()
         assert admitted_order == sids
         assert engine.stats() | {"audio_seconds": 0} == {
-            "active": 0, "queued": 0, "free_slots": 2, "max_num_streams": 2, "max_queue": 3, "audio_seconds": 0,
+            "active": 0, "queued": 0, "free_slots": 2, "capacity": 2, "max_num_streams": 2, "max_queue": 3,
+            "audio_seconds": 0,
         }
 
 

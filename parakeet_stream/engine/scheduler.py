@@ -32,7 +32,7 @@ from .step import Step, StepItem
 
 BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
 HEADROOM = SATURATED  # share of a chunk period a round of every live stream may take
-RAMP = 16  # live streams admitted before the step cost's line is known
+RAMP = 4  # live streams admitted before the step cost's line is known
 
 
 class Scheduler:

@@ -40,7 +40,7 @@ class ServerConfig:
 
 
 class WaitEstimator:
-    """Expected wait = how long a slot is typically held x streams ahead / slots."""
+    """Expected wait = how long a slot is typically held x streams ahead / streams served at once."""
 
     def __init__(self, default_hold_s: float = 10.0, smoothing: float = 0.2) -> None:
         self._hold_s = default_hold_s

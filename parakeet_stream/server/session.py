@@ -89,7 +89,7 @@ class Session:
         position = segment.position()
         if position > 0:
             if position != segment.announced_position and self.announces_queue:
-                wait = ctx.estimator.estimate(position, ctx.engine.stats()["max_num_streams"])
+                wait = ctx.estimator.estimate(position, ctx.engine.stats()["capacity"])
                 self.post({"type": "queued", "position": position, "estimated_wait_s": wait})
             segment.announced_position = position
             return False
