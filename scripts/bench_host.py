@@ -12,9 +12,12 @@ packets in real time from one driver thread (as a server's protocol thread would
 
     python scripts/bench_host.py --streams 256 512 1024 2048          # results/bench_host.json
 
-Per level: the chunk latency (p50, p95, first and last third), steps a second and chunks per step,
-the stages' wall milliseconds per step, and the process's CPU microseconds per chunk; a level holds
-when its p95 is within the target and not growing. `--device-ms A,B` sets the step's time model.
+Per level, after a 2 s warm-up of the same number of streams on the same engine (the step costs
+admission decides by, as on a running server): the chunk latency (p50, p95, first and last third;
+a level holds when the last third's p95 is within the target and not above the first third's by
+two chunks: all streams start at once, and admission lets a burst in a step at a time), the
+capacity admission saw, steps a second and chunks per step, the stages' wall milliseconds per
+step, and the process's CPU microseconds per chunk. `--device-ms A,B` sets the step's time model.
 """
 
 from __future__ import annotations
@@ -83,17 +86,24 @@ class StandIn:
 
 
 def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: float) -> dict:
-    with ASREngine(folder, "cpu", max_num_streams=n, max_batch=n, latency_target=target_ms / 1000) as engine:
+    with ASREngine(folder, "cpu", max_num_streams=n, max_queue=n, max_batch=n, latency_target=target_ms / 1000,
+                   lookahead=(70, 1), threads=1) as engine:  # 160 ms chunks; the stages on threads of their own, as on a GPU
         device.install(engine.runner)
         mode = engine.default_lookahead
         chunk_ms = engine.chunk_seconds(mode) * 1000
+        run_level(engine, n, 2.0, mode)  # warm-up: the step costs admission decides by, as on a running server
+        capacity = engine.stats().get("capacity")
+        totals0 = engine.step_totals()
         cpu0, wall0 = time.process_time(), time.monotonic()
         out = run_level(engine, n, seconds, mode)
         cpu, wall, totals = time.process_time() - cpu0, time.monotonic() - wall0, engine.step_totals()
-    steps = max(totals.steps, 1)
-    out |= {"holds": keeps_up(out, target_ms, chunk_ms), "steps_per_s": round(totals.steps / wall, 1),
-            "chunks_per_step": round(totals.chunks / steps, 1), "cpu_us_per_chunk": round(1e6 * cpu / max(out["chunks"], 1)),
-            "stage_ms_per_step": {k: round(1000 * v / steps, 2) for k, v in totals.seconds.items()},
+    steps, chunks = max(totals.steps - totals0.steps, 1), totals.chunks - totals0.chunks
+    # steady state: the last third (a burst of streams is admitted a step at a time: the first
+    # ones in the queue carry what they sent while waiting)
+    out |= {"holds": out["p95_last_third_ms"] <= target_ms and keeps_up(out, float("inf"), chunk_ms), "capacity": capacity, "steps_per_s": round(steps / wall, 1),
+            "chunks_per_step": round(chunks / steps, 1), "cpu_us_per_chunk": round(1e6 * cpu / max(out["chunks"], 1)),
+            "stage_ms_per_step": {k: round(1000 * (v - totals0.seconds.get(k, 0.0)) / steps, 2)
+                                  for k, v in totals.seconds.items()},
             "chunks_per_s": round(out["chunks"] / wall)}
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
 
@@ -101,7 +111,7 @@ def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: floa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", type=int, nargs="+", default=[256, 512, 1024, 2048])
-    ap.add_argument("--seconds", type=float, default=8.0, help="audio per stream")
+    ap.add_argument("--seconds", type=float, default=9.0, help="audio per stream")
     ap.add_argument("--device-ms", default="9,0.048", help="a step's device time: FIXED,PER_CHUNK milliseconds")
     ap.add_argument("--target-ms", type=float, default=320.0, help="p95 chunk latency a level must hold")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_host.json")

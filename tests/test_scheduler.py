@@ -269,6 +269,15 @@ def test_stop_ends_schedule():
 
 # Admission by measured capacity: 160 ms chunks (SPEC's 16 mel frames of 10 ms), HEADROOM 0.8: a round of
 # every live stream within 128 ms.
+def admit_all(sch: Scheduler, seqs: list[Sequence]) -> list[bool]:
+    """Add every stream, taking a step back after each (the pace admission lets streams in at)."""
+    admitted = []
+    for s in seqs:
+        admitted.append(sch.add(s))
+        sch._admitted = 0  # as after a step taken back
+    return admitted
+
+
 def test_live_streams_wait_beyond_the_measured_capacity_however_many_slots_are_free():
     sch = Scheduler(100, 100, target=0.32, sample_rate=RATE)
     measured(sch, (1, 0.0735), (11, 0.0785))  # a line of 73 ms + 0.5 ms per stream: 110 streams in 128 ms
@@ -277,8 +286,7 @@ def test_live_streams_wait_beyond_the_measured_capacity_however_many_slots_are_f
     sch.max_num_streams = 200
     sch.free.extend(range(100, 200))
     seqs = [seq() for _ in range(110)]
-    admitted = [sch.add(s) for s in seqs]
-    assert admitted == [True] * 105 + [False] * 5
+    assert admit_all(sch, seqs) == [True] * 105 + [False] * 5
     assert sch.position(seqs[105]) == 1 and sch.stats()["free_slots"] == 0 and sch.stats()["capacity"] == 105
     assert not sch.add(seq(bulk=True))  # first come, first served: behind the waiting live streams
 
@@ -286,7 +294,7 @@ def test_live_streams_wait_beyond_the_measured_capacity_however_many_slots_are_f
 def test_bulk_streams_take_free_slots_beyond_the_live_capacity():
     sch = Scheduler(3, 3, target=0.32, sample_rate=RATE)
     measured(sch, (1, 0.060), (2, 0.110))  # 2 live streams
-    assert [sch.add(seq()) for _ in range(2)] == [True, True]
+    assert admit_all(sch, [seq() for _ in range(2)]) == [True, True]
     assert sch.stats()["free_slots"] == 0  # for live streams
     assert sch.add(seq(bulk=True))  # files fill what live streams leave: slots alone decide
 
@@ -312,11 +320,17 @@ def test_a_waiting_stream_is_admitted_when_a_live_one_ends_or_steps_prove_cheape
     assert seqs[3].status is Status.RUNNING and sch.stats()["queued"] == 0
 
 
-def test_before_two_batch_sizes_are_measured_a_burst_is_let_in_a_ramp_at_a_time():
-    sch = Scheduler(RAMP + 10, 20, target=0.32, sample_rate=RATE)
-    measured(sch, (4, 0.5))  # one size: no line yet
-    assert [sch.add(seq()) for _ in range(RAMP + 1)] == [True] * RAMP + [False]
-    assert sch.stats()["capacity"] == RAMP
+def test_a_burst_is_let_in_a_quarter_more_at_a_time_as_steps_come_back():
+    sch = Scheduler(100, 100, target=0.32, sample_rate=RATE)  # nothing measured: slots and the pace decide
+    seqs = [seq() for _ in range(30)]
+    assert [sch.add(s) for s in seqs] == [True] * RAMP + [False] * (30 - RAMP)
+    running = RAMP
+    for expected in (4, 4, 4, 4, 5, 5):  # at most max(RAMP, a quarter of those running) a step
+        for s in seqs[:running]:
+            give_chunks(s, 1)
+        sch.postprocess(sch.schedule())
+        assert sch.stats()["active"] == running + expected
+        running += expected
 
 
 def test_the_cost_line_is_least_squares_never_negative():
@@ -329,3 +343,20 @@ def test_the_cost_line_is_least_squares_never_negative():
     for batch, seconds in [(1, 0.010), (64, 0.009)]:  # a GPU's flat step, noise making it fall
         flat.record(batch, seconds)
     assert flat.line()[1] == 0.0 and flat.most_streams(0.128, 4096) == 4096 and flat.most_streams(0.005, 4096) == 0
+
+
+def test_no_live_stream_is_admitted_for_a_while_after_a_live_chunk_came_late():
+    sch = Scheduler(10, 10, target=0.32, sample_rate=RATE)
+    measured(sch, (1, 0.010), (2, 0.011))  # room for every slot
+    first = seq()
+    assert sch.add(first)
+    give_chunks(first, 1)
+    step = sch.schedule()
+    step.items[0].ready_times[0] -= 0.5  # its chunk had waited half a second
+    first.admitted_at -= 0.5  # (in its slot, not in the queue)
+    sch.postprocess(step)
+    assert not sch.add(seq()) and sch.add(seq(bulk=True)) is False  # behind the waiting live one
+    sch._behind_until = 0.0  # BEHIND_HOLD later
+    give_chunks(first, 1)
+    sch.postprocess(sch.schedule())
+    assert sch.stats()["queued"] == 0 and sch.stats()["active"] == 3

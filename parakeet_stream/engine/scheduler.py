@@ -12,10 +12,15 @@ Admission by measured capacity: a live stream takes a slot only while the measur
 predicts a round of every live stream within HEADROOM of the shortest chunk period among them;
 past that it waits in the queue, however many slots are free, and is admitted as streams end or
 as steps prove cheaper. Beyond that point every stream would fall behind together: each step takes
-longer than the audio it serves, and the next step is larger. Until two batch sizes were measured
-(the first steps after start) at most RAMP live streams run: a burst of clients at start-up is let
-in as the steps measure what the machine holds, not all at once. Bulk streams (files) have no
-deadline: they fill what live streams leave, so slots alone decide for them.
+longer than the audio it serves, and the next step is larger. The line is fitted to the steps
+run so far, and a machine whose host work grows with contention (the interpreter lock) can cost
+more per stream at a load it has not run yet, so live streams are let in a step at a time: at
+most a quarter more than are running (RAMP at least) between two steps, and none for BEHIND_HOLD
+seconds after a step delivered a live chunk later than the latency target (a chunk that waited
+in the queue counts from its admission). A burst of clients is let in as the steps show what the
+machine holds, not all at once. Before two batch sizes were measured, slots and that pace alone
+decide. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
+decide for them.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from .step import Step, StepItem
 
 BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
 HEADROOM = SATURATED  # share of a chunk period a round of every live stream may take
-RAMP = 4  # live streams admitted before the step cost's line is known
+RAMP = 4  # live streams that may be admitted between two steps, however few run
+BEHIND_HOLD = 1.0  # seconds without live admissions after a live chunk came later than the target
 
 
 class Scheduler:
@@ -57,6 +63,8 @@ class Scheduler:
         self._last_done = 0.0  # when the last step was done
         self._timeline = Timeline()  # when the steps in flight are predicted to be done
         self._busy: deque[tuple[float, float]] = deque()  # (end, seconds) of recent steps
+        self._behind_until = 0.0  # no live admissions before then (a live chunk came late)
+        self._admitted = 0  # live streams admitted since the last step was taken back
         self._stopped = False
         self._cv = threading.Condition()
 
@@ -132,6 +140,12 @@ class Scheduler:
                 self.cost.record_step([max(item.chunks, 1) for item in step], seconds)
                 if step.predicted_end is not None:
                     self.latency.step_done(now - step.predicted_end)
+            # a chunk that arrived while its stream waited for a slot is late by the wait, not by the engine
+            oldest = min((max(item.ready_times[0], item.seq.admitted_at) for item in step
+                          if item.ready_times and not item.seq.bulk), default=now)
+            if not failed and now - oldest > self.latency.target:
+                self._behind_until = now + BEHIND_HOLD
+            self._admitted = 0
             self._timeline.settle(now, sum(s.predicted_seconds for s in self._in_flight))
             self._busy.append((now, sum(step.seconds.values())))
             newly_failed, changed = [], self._admit_waiting()  # steps measured cheaper may make room
@@ -247,8 +261,6 @@ class Scheduler:
         period = min(periods) / self.sample_rate if periods else None
         if period is None:
             return self.max_num_streams
-        if self.cost.line() is None:
-            return min(self.max_num_streams, RAMP)
         return self.cost.most_streams(HEADROOM * period, self.max_num_streams)
 
     def _admits(self, seq: Sequence) -> bool:
@@ -257,6 +269,10 @@ class Scheduler:
         if seq.bulk:
             return True
         live = self._live()
+        if live and time.monotonic() < self._behind_until:  # (with none live, nothing is behind)
+            return False
+        if self._admitted >= max(RAMP, (len(live) - self._admitted) // 4):  # those running at the last step
+            return False
         return len(live) < self._capacity(live, seq)
 
     def _admit_waiting(self) -> list[Sequence]:
@@ -272,7 +288,8 @@ class Scheduler:
         return admitted + (list(self.waiting) if admitted else [])
 
     def _admit(self, seq: Sequence) -> None:
-        seq.slot = self.free.popleft()
+        seq.slot, seq.admitted_at = self.free.popleft(), time.monotonic()
+        self._admitted += not seq.bulk
         seq.status = Status.FINALIZING if seq.final_at is not None else Status.RUNNING
         self.active[seq.stream_id] = seq
 

@@ -50,3 +50,4 @@ class Sequence:
     chunks_scheduled: int = 0
     last_scheduled: bool = False  # its last step is scheduled: nothing more to schedule
     final_at: float | None = None  # when the client's final came
+    admitted_at: float | None = None  # when it took its slot
