@@ -15,9 +15,9 @@ as steps prove cheaper. Beyond that point every stream would fall behind togethe
 longer than the audio it serves, and the next step is larger. The line is fitted to the steps
 run so far, and a machine whose host work grows with contention (the interpreter lock) can cost
 more per stream at a load it has not run yet, so live streams are let in a step at a time: at
-most a quarter more than are running (RAMP at least) between two steps, and none for BEHIND_HOLD
-seconds after a step delivered a live chunk later than the latency target (a chunk that waited
-in the queue counts from its admission). A burst of clients is let in as the steps show what the
+most a quarter more than are running (RAMP at least) between two steps or in PACE, and none
+for BEHIND_HOLD seconds after a step delivered a live chunk later than the latency target (a
+chunk that waited in the queue counts from its admission). A burst of clients is let in as the steps show what the
 machine holds, not all at once. Before two batch sizes were measured, slots and that pace alone
 decide. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
 decide for them.
@@ -39,6 +39,7 @@ BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
 HEADROOM = SATURATED  # share of a chunk period a round of every live stream may take
 RAMP = 4  # live streams that may be admitted between two steps, however few run
 BEHIND_HOLD = 1.0  # seconds without live admissions after a live chunk came later than the target
+PACE = 0.1  # seconds: at most max(RAMP, a quarter of those running) live admissions in each, or per step
 
 
 class Scheduler:
@@ -64,7 +65,8 @@ class Scheduler:
         self._timeline = Timeline()  # when the steps in flight are predicted to be done
         self._busy: deque[tuple[float, float]] = deque()  # (end, seconds) of recent steps
         self._behind_until = 0.0  # no live admissions before then (a live chunk came late)
-        self._admitted = 0  # live streams admitted since the last step was taken back
+        self._admitted = 0  # live streams admitted since the last step was taken back, or PACE
+        self._paced_at = 0.0
         self._stopped = False
         self._cv = threading.Condition()
 
@@ -115,17 +117,25 @@ class Scheduler:
 
     # --- steps (schedule: the pre-encode thread; postprocess: the decode thread, or a failed stage's)
     def schedule(self) -> Step | None:
-        """Block until the policy starts a step; None once stopped."""
-        with self._cv:
-            while not self._stopped:
-                timeout = None
-                if len(self._in_flight) < self.max_in_flight:
-                    now = time.monotonic()
-                    step, timeout = self._plan(now)
-                    if step is not None:
-                        return step
-                self._cv.wait(timeout)
-            return None
+        """Block until the policy starts a step; None once stopped. Waiting streams that fit are
+        admitted here too (the pace lets more in as time passes, with or without steps)."""
+        while True:
+            with self._cv:
+                if self._stopped:
+                    return None
+                admitted = self._admit_waiting()
+                if not admitted:
+                    timeout = None
+                    if len(self._in_flight) < self.max_in_flight:
+                        step, timeout = self._plan(time.monotonic())
+                        if step is not None:
+                            return step
+                    if self.waiting and self.free:  # the pace's next admissions
+                        timeout = min(timeout if timeout is not None else PACE, PACE)
+                    self._cv.wait(timeout)
+                    continue
+            for seq in admitted:  # their queue place changed (outside the lock: listeners may call back)
+                seq.outbox.notify()
 
     def postprocess(self, step: Step, failed: bool = False) -> tuple[list[Sequence], list[Sequence]]:
         """A step is done (or failed). Returns (streams that failed now, streams whose slot or queue place changed)."""
@@ -271,6 +281,9 @@ class Scheduler:
         live = self._live()
         if live and time.monotonic() < self._behind_until:  # (with none live, nothing is behind)
             return False
+        now = time.monotonic()
+        if now - self._paced_at >= PACE:
+            self._paced_at, self._admitted = now, 0
         if self._admitted >= max(RAMP, (len(live) - self._admitted) // 4):  # those running at the last step
             return False
         return len(live) < self._capacity(live, seq)
