@@ -14,10 +14,11 @@ past that it waits in the queue, however many slots are free, and is admitted as
 as steps prove cheaper. Beyond that point every stream would fall behind together: each step takes
 longer than the audio it serves, and the next step is larger. The line is fitted to the steps
 run so far, and a machine whose host work grows with contention (the interpreter lock) can cost
-more per stream at a load it has not run yet, so live streams are let in a step at a time: at
-most a quarter more than are running (RAMP at least) between two steps or in PACE, and none
-for BEHIND_HOLD seconds after a step delivered a live chunk later than the latency target (a
-chunk that waited in the queue counts from its admission). A burst of clients is let in as the steps show what the
+more per stream at a load it has not run yet. So beyond the most live streams it has served in
+time so far (at least PROVEN), live streams are let in a step at a time: at most a quarter more
+than are running (RAMP at least) between two steps or in PACE; and none for BEHIND_HOLD seconds
+after a step delivered a live chunk later than the latency target (a chunk that waited in the
+queue counts from its admission). A burst of clients is let in as the steps show what the
 machine holds, not all at once. Before two batch sizes were measured, slots and that pace alone
 decide. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
 decide for them.
@@ -37,6 +38,7 @@ from .step import Step, StepItem
 
 BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
 HEADROOM = SATURATED  # share of a chunk period a round of every live stream may take
+PROVEN = 16  # live streams admitted without pacing on any machine
 RAMP = 4  # live streams that may be admitted between two steps, however few run
 BEHIND_HOLD = 1.0  # seconds without live admissions after a live chunk came later than the target
 PACE = 0.1  # seconds: at most max(RAMP, a quarter of those running) live admissions in each, or per step
@@ -67,6 +69,7 @@ class Scheduler:
         self._behind_until = 0.0  # no live admissions before then (a live chunk came late)
         self._admitted = 0  # live streams admitted since the last step was taken back, or PACE
         self._paced_at = 0.0
+        self._proven = PROVEN  # the most live streams a step has served in time
         self._stopped = False
         self._cv = threading.Condition()
 
@@ -155,6 +158,8 @@ class Scheduler:
                           if item.ready_times and not item.seq.bulk), default=now)
             if not failed and now - oldest > self.latency.target:
                 self._behind_until = now + BEHIND_HOLD
+            elif not failed:
+                self._proven = max(self._proven, len(self._live()))
             self._admitted = 0
             self._timeline.settle(now, sum(s.predicted_seconds for s in self._in_flight))
             self._busy.append((now, sum(step.seconds.values())))
@@ -284,7 +289,8 @@ class Scheduler:
         now = time.monotonic()
         if now - self._paced_at >= PACE:
             self._paced_at, self._admitted = now, 0
-        if self._admitted >= max(RAMP, (len(live) - self._admitted) // 4):  # those running at the last step
+        paced = len(live) >= self._proven
+        if paced and self._admitted >= max(RAMP, (len(live) - self._admitted) // 4):  # those running at the last step
             return False
         return len(live) < self._capacity(live, seq)
 
@@ -301,8 +307,9 @@ class Scheduler:
         return admitted + (list(self.waiting) if admitted else [])
 
     def _admit(self, seq: Sequence) -> None:
+        if not seq.bulk and len(self._live()) >= self._proven:  # past what ran in time: paced
+            self._admitted += 1
         seq.slot, seq.admitted_at = self.free.popleft(), time.monotonic()
-        self._admitted += not seq.bulk
         seq.status = Status.FINALIZING if seq.final_at is not None else Status.RUNNING
         self.active[seq.stream_id] = seq
 
