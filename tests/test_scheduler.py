@@ -345,18 +345,18 @@ def test_the_cost_line_is_least_squares_never_negative():
     assert flat.line()[1] == 0.0 and flat.most_streams(0.128, 4096) == 4096 and flat.most_streams(0.005, 4096) == 0
 
 
-def test_no_live_stream_is_admitted_for_a_while_after_a_live_chunk_came_late():
-    sch = Scheduler(10, 10, target=0.32, sample_rate=RATE)
+def test_past_what_ran_in_time_no_live_stream_is_admitted_for_a_while_after_a_live_chunk_came_late():
+    sch = Scheduler(PROVEN + 10, 10, target=0.32, sample_rate=RATE)
     measured(sch, (1, 0.010), (2, 0.011))  # room for every slot
-    first = seq()
-    assert sch.add(first)
-    give_chunks(first, 1)
+    seqs = [seq() for _ in range(PROVEN)]
+    assert all(sch.add(s) for s in seqs)  # up to PROVEN: admitted at once
+    give_chunks(seqs[0], 1)
     step = sch.schedule()
     step.items[0].ready_times[0] -= 0.5  # its chunk had waited half a second
-    first.admitted_at -= 0.5  # (in its slot, not in the queue)
+    seqs[0].admitted_at -= 0.5  # (in its slot, not in the queue)
     sch.postprocess(step)
-    assert not sch.add(seq()) and sch.add(seq(bulk=True)) is False  # behind the waiting live one
+    assert not sch.add(seq()) and not sch.add(seq(bulk=True))  # the bulk one: behind the waiting live one
     sch._behind_until = 0.0  # BEHIND_HOLD later
-    give_chunks(first, 1)
+    give_chunks(seqs[0], 1)
     sch.postprocess(sch.schedule())
-    assert sch.stats()["queued"] == 0 and sch.stats()["active"] == 3
+    assert sch.stats()["queued"] == 0 and sch.stats()["active"] == PROVEN + 2

@@ -15,10 +15,10 @@ as steps prove cheaper. Beyond that point every stream would fall behind togethe
 longer than the audio it serves, and the next step is larger. The line is fitted to the steps
 run so far, and a machine whose host work grows with contention (the interpreter lock) can cost
 more per stream at a load it has not run yet. So beyond the most live streams it has served in
-time so far (at least PROVEN), live streams are let in a step at a time: at most a quarter more
-than are running (RAMP at least) between two steps or in PACE; and none for BEHIND_HOLD seconds
+time so far (at least PROVEN), live streams are let in a step at a time, at most a quarter more
+than are running (RAMP at least) between two steps or in PACE, and none for BEHIND_HOLD seconds
 after a step delivered a live chunk later than the latency target (a chunk that waited in the
-queue counts from its admission). A burst of clients is let in as the steps show what the
+queue counts from its admission; such a step also takes back what it had proven). A burst of clients is let in as the steps show what the
 machine holds, not all at once. Before two batch sizes were measured, slots and that pace alone
 decide. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
 decide for them.
@@ -158,6 +158,7 @@ class Scheduler:
                           if item.ready_times and not item.seq.bulk), default=now)
             if not failed and now - oldest > self.latency.target:
                 self._behind_until = now + BEHIND_HOLD
+                self._proven = max(PROVEN, min(self._proven, len(self._live()) - 1))
             elif not failed:
                 self._proven = max(self._proven, len(self._live()))
             self._admitted = 0
@@ -284,14 +285,14 @@ class Scheduler:
         if seq.bulk:
             return True
         live = self._live()
-        if live and time.monotonic() < self._behind_until:  # (with none live, nothing is behind)
-            return False
-        now = time.monotonic()
-        if now - self._paced_at >= PACE:
-            self._paced_at, self._admitted = now, 0
-        paced = len(live) >= self._proven
-        if paced and self._admitted >= max(RAMP, (len(live) - self._admitted) // 4):  # those running at the last step
-            return False
+        if len(live) >= self._proven:  # past what has run in time: paced, and held while behind
+            now = time.monotonic()
+            if now < self._behind_until:
+                return False
+            if now - self._paced_at >= PACE:
+                self._paced_at, self._admitted = now, 0
+            if self._admitted >= max(RAMP, (len(live) - self._admitted) // 4):  # those running at the last step
+                return False
         return len(live) < self._capacity(live, seq)
 
     def _admit_waiting(self) -> list[Sequence]:
