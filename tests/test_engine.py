@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import resource
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -222,3 +223,15 @@ def test_worker_exception_fails_only_that_batch(eou_model, wavs, stage):
         assert bad_results[-1].error == "inference_error" and bad_results[-1].is_final
         assert [tokens_of(run_stream(engine, a)) for a in audios] == expected
         assert engine.stats()["free_slots"] == 4
+
+
+def test_a_burst_of_idle_streams_is_admitted_at_the_pace_without_audio(eou_model):
+    """Past the streams proven in time, a burst waits for admission's pace, not for steps: streams
+    that send nothing yet must not hold the ones behind them in the queue."""
+    with ASREngine(eou_model, max_num_streams=64) as engine:
+        sids = [engine.create_stream() for _ in range(40)]
+        assert engine.stats()["queued"] > 0
+        deadline = time.monotonic() + 5
+        while engine.stats()["queued"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.stats()["active"] == 40 and all(engine.queue_position(s) == 0 for s in sids)

@@ -83,6 +83,7 @@ class Scheduler:
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull()
             self.waiting.append(seq)
+            self._cv.notify_all()  # the scheduling loop admits waiting streams as the pace allows
             return False
 
     def position(self, seq: Sequence) -> int:
