@@ -74,3 +74,16 @@ def test_the_load_client_spread_over_processes_runs_every_stream_once(server, se
     assert summary["finished"] == 3 and not summary["errors"] and summary["client_cpu_s"] > 0
     streams = json.loads((tmp_path / "trial.json").read_text())["streams"]
     assert [s["id"] for s in streams] == [0, 1, 2] and all(s["token_ids"] and s["fin_lag_s"] >= 0 for s in streams)
+
+
+def test_the_load_client_as_admitted_starts_a_queued_stream_when_it_is_let_in(tiny_model_dir, sentence, tmp_path):
+    server = ServerProcess(tiny_model_dir, "--max-num-streams", "1")
+    try:
+        wav = write_wav(tmp_path / "sentence.wav", sentence)
+        out = loadgen("--port", str(server.ports["tcp"]), "--wav", str(wav), "--clients", "2", "--as-admitted")
+    finally:
+        server.close()
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["finished"] == 2 and not summary["connect_failures"] and summary["admitted_at_once"] == 1
+    assert summary["queued_hello_max"] >= len(sentence) / 16000 * 0.9  # it waited for the first to end
