@@ -360,3 +360,9 @@ def test_past_what_ran_in_time_no_live_stream_is_admitted_for_a_while_after_a_li
     give_chunks(seqs[0], 1)
     sch.postprocess(sch.schedule())
     assert sch.stats()["queued"] == 0 and sch.stats()["active"] == PROVEN + 2
+
+
+def test_a_machine_slower_than_real_time_still_serves_one_live_stream_at_a_time():
+    sch = Scheduler(4, 4, target=0.32, sample_rate=RATE)
+    measured(sch, (1, 0.5), (2, 0.9))  # a round of one stream takes 0.5 s of a 0.16 s chunk
+    assert [sch.add(seq()) for _ in range(3)] == [True, False, False] and sch.stats()["capacity"] == 1

@@ -278,7 +278,8 @@ class Scheduler:
         period = min(periods) / self.sample_rate if periods else None
         if period is None:
             return self.max_num_streams
-        return self.cost.most_streams(HEADROOM * period, self.max_num_streams)
+        # at least one: a machine slower than real time still serves a stream at a time, late
+        return max(1, self.cost.most_streams(HEADROOM * period, self.max_num_streams))
 
     def _admits(self, seq: Sequence) -> bool:
         if not self.free:
