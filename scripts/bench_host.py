@@ -108,16 +108,26 @@ def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: floa
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
 
 
+def device_ms(text: str) -> tuple[float, float]:
+    try:
+        fixed, per_chunk = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"FIXED,PER_CHUNK milliseconds, e.g. 9,0.048; got {text!r}") from None
+    if fixed < 0 or per_chunk < 0:
+        raise argparse.ArgumentTypeError(f"milliseconds must not be negative; got {text!r}")
+    return fixed, per_chunk
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", type=int, nargs="+", default=[256, 512, 1024, 2048])
     ap.add_argument("--seconds", type=float, default=9.0, help="audio per stream")
-    ap.add_argument("--device-ms", default="9,0.048", help="a step's device time: FIXED,PER_CHUNK milliseconds")
+    ap.add_argument("--device-ms", type=device_ms, default="9,0.048", help="a step's device time: FIXED,PER_CHUNK milliseconds")
     ap.add_argument("--target-ms", type=float, default=320.0, help="p95 chunk latency a level must hold")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_host.json")
     args = ap.parse_args()
     single_threaded_host()
-    fixed, per_row = (float(v) for v in args.device_ms.split(","))
+    fixed, per_row = args.device_ms
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "nemotron_tiny"

@@ -59,7 +59,8 @@ def test_the_load_client_refuses_a_bad_metrics_url_or_wav_in_one_line(sentence, 
         port = s.getsockname()[1]
     cases = [(["--wav", str(wav), "--metrics", "localhost:8080"], "--metrics: must be an http:// or https:// URL"),
              (["--wav", str(wav), "--metrics", f"http://127.0.0.1:{port}/metrics"], "cannot read the server's metrics at"),
-             (["--wav", str(tmp_path / "missing.wav")], "cannot read --wav")]
+             (["--wav", str(tmp_path / "missing.wav")], "cannot read --wav"),
+             (["--wav", str(wav), "--procs", "0"], "--procs: must be a whole number of at least 1")]
     for args, message in cases:
         out = loadgen("--port", str(port), *args)
         assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
@@ -87,3 +88,10 @@ def test_the_load_client_as_admitted_starts_a_queued_stream_when_it_is_let_in(ti
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["finished"] == 2 and not summary["connect_failures"] and summary["admitted_at_once"] == 1
     assert summary["queued_hello_max"] >= len(sentence) / 16000 * 0.9  # it waited for the first to end
+
+
+def test_the_host_benchmark_refuses_a_bad_device_time_in_one_line():
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
+    for bad in ("banana", "9", "-1,0.5"):
+        out = subprocess.run([sys.executable, str(script), "--device-ms", bad], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "--device-ms:" in out.stderr and "Traceback" not in out.stderr, out.stderr
