@@ -379,6 +379,8 @@ def main() -> None:
     ap.add_argument("--profile", metavar="PY_SPY", help="py-spy's path: record the server during each load level "
                     "(server-N.txt beside --out, py-spy's raw format)")
     args = ap.parse_args()
+    if args.profile and not os.access(args.profile, os.X_OK):
+        ap.error(f"--profile: {args.profile} is not an executable py-spy")
     settings = (DRY if args.dry_run else FULL) | {"profile": args.profile, "out": args.out}
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device visible to torch (use --dry-run on CPU)")
