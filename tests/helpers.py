@@ -11,7 +11,9 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+import tempfile
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +27,27 @@ from wsproto.events import CloseConnection, Request, TextMessage
 
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine, StreamResult
+from parakeet_stream.engine.client import EngineClient
+from parakeet_stream.engine.service import EngineService
 from parakeet_stream.engine.phrases import MAX_PHRASE_TOKENS, PhraseError
 from parakeet_stream.server import ServerConfig, ServerContext, serve
 
 TIMEOUT = 10
 PACKET = 1600  # 100 ms at 16 kHz
+
+
+@contextmanager
+def behind_service(engine: ASREngine) -> Iterator[EngineClient]:
+    """`engine` served on a Unix socket and reached by an EngineClient, as a server's worker
+    processes reach the engine process (here all in this process: the same socket and messages)."""
+    with tempfile.TemporaryDirectory(prefix="engine-") as folder:
+        service = EngineService(engine, f"{folder}/engine.sock").start()
+        client = EngineClient.connect(service.path)
+        try:
+            yield client
+        finally:
+            client.close()
+            service.close()
 
 
 def collect_until_final(engine: ASREngine, sid: int, timeout: float = 60.0) -> list[StreamResult]:
@@ -109,10 +127,11 @@ def audio_messages(samples: np.ndarray, packet: int = PACKET) -> list[dict]:
 class Raw:
     """A bare native-protocol connection: send anything, read parsed messages."""
 
-    def __init__(self, send_bytes, receive, ws=None) -> None:
+    def __init__(self, send_bytes, receive, ws=None, tcp: trio.SocketStream | None = None) -> None:
         self._send_bytes = send_bytes
         self._receive = receive
         self.ws = ws
+        self.tcp = tcp
 
     @classmethod
     @asynccontextmanager
@@ -121,7 +140,7 @@ class Raw:
             host, port = address[6:].split(":")
             stream = await trio.open_tcp_stream(host, int(port))
             async with stream:
-                yield cls(partial_send(stream), LineReader(stream).next)
+                yield cls(partial_send(stream), LineReader(stream).next, tcp=stream)
             return
         async with open_websocket_url(address, extra_headers=headers) as ws:
             yield cls(ws.send_message, partial_ws_receive(ws), ws)

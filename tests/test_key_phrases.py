@@ -41,6 +41,13 @@ from parakeet_stream.server.protocols.deepgram import parse_phrases
 from parakeet_stream.server.riva.errors import RivaError
 from parakeet_stream.server.riva.options import parse_config
 
+
+@pytest.fixture(scope="module")
+def engine(either_engine):
+    """Every test here in-process and across the engine client API."""
+    return either_engine
+
+
 ASKED = ("Anya Okafor", "Kubernetes")
 EXPECTED = (Phrase("Anya Okafor"), Phrase("Kubernetes"))
 HINTED = tuple(Phrase(p.text, hint=True) for p in EXPECTED)  # the same, read out of a prompt
@@ -342,8 +349,8 @@ async def test_openai_prompt_names_the_model_cannot_write_are_left_out_not_refus
         events = await oai.in_thread(oai.run_sdk(ctx, script))
     assert not [e for e in events if e["type"] == "error"]
     assert spy.phrases() == [tuple(Phrase(text, hint=True) for text in ("日本", "Zoë", "Anya Okafor"))]
-    tree = boosting_tree(spy.phrases()[0], engine.model.tokenizer)
-    assert tree.root_token.tolist() == sorted({engine.model.tokenizer.encode(w)[0] for w in ("zoe", "anya okafor")})
+    tree = boosting_tree(spy.phrases()[0], engine.info.tokenizer)
+    assert tree.root_token.tolist() == sorted({engine.info.tokenizer.encode(w)[0] for w in ("zoe", "anya okafor")})
 
 
 async def test_openai_files_keywords_and_prompt(engine, sentence):

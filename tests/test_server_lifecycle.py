@@ -26,9 +26,11 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 from parakeet_stream.server.http import static_file
 
 
-@pytest.fixture
-def server_process(tiny_model_dir):
-    server = ServerProcess(tiny_model_dir, "--max-num-streams", "3", "--max-queue", "4", "--drain-timeout", "1")
+@pytest.fixture(params=[0, 2], ids=["one-process", "two-workers"])
+def server_process(tiny_model_dir, request):
+    """The server as one process, and with its doors in two worker processes (--workers 2)."""
+    server = ServerProcess(tiny_model_dir, "--max-num-streams", "3", "--max-queue", "4", "--drain-timeout", "1",
+                           "--workers", str(request.param))
     yield server
     server.close()
 

@@ -29,6 +29,13 @@ from parakeet_stream.client import (
     transcribe_async,
 )
 
+
+@pytest.fixture(scope="module")
+def engine(either_engine):
+    """Every test here in-process and across the engine client API."""
+    return either_engine
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -113,14 +120,14 @@ async def test_declared_rate_resampled_on_server(engine, sentence, kind):
 
 
 async def test_per_stream_lookahead(engine, sentence):
-    modes = engine.lookahead_modes
+    modes = engine.info.lookahead_modes
     async with running_server(engine) as ctx:
         for mode in modes:
             spec = f"{mode[0]},{mode[1]}"
             t = await transcribe_async(url(ctx, "tcp"), sentence, lookahead=spec)
             declared = [e for e in t.events if e["type"] == "started"][-1]
             assert declared["lookahead"] == list(mode)
-            assert declared["chunk_seconds"] == engine.chunk_seconds(mode)
+            assert declared["chunk_seconds"] == engine.info.chunk_seconds[mode]
             assert t.final
 
 

@@ -226,14 +226,7 @@ class ASREngine:
 
     def wait_for_update(self, sid: int, timeout: float | None = None) -> bool:
         """Block until the stream has results or its queue position changed (True), or timeout."""
-        outbox = self._seq(sid).outbox
-        event = threading.Event()
-        if not outbox.listen(event.set, unless_waiting=True):
-            return True
-        try:
-            return event.wait(timeout)
-        finally:
-            outbox.unlisten(event.set)
+        return self._seq(sid).outbox.wait(timeout)
 
     def healthy(self) -> bool:
         """The stage threads are running (False once one has died or the engine stopped)."""

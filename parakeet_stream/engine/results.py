@@ -143,6 +143,16 @@ class Outbox:
             self._listeners.append(callback)
             return True
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a result waits or news came (True), or `timeout` passed."""
+        event = threading.Event()
+        if not self.listen(event.set, unless_waiting=True):
+            return True
+        try:
+            return event.wait(timeout)
+        finally:
+            self.unlisten(event.set)
+
     def unlisten(self, callback: Callable[[], None]) -> None:
         with self._lock:
             self._listeners.remove(callback)

@@ -27,11 +27,15 @@ class _Piece(NamedTuple):
 class Tokenizer:
     """A sentencepiece model plus the RNN-T blank, which is the id after the last piece."""
 
-    def __init__(self, model_path: str | Path) -> None:
-        self._sp = spm.SentencePieceProcessor(model_file=str(model_path))
-        types, norm = _read_model_proto(self._sp.serialized_model_proto())
+    def __init__(self, model_path: str | Path | None = None, proto: bytes | None = None) -> None:
+        """From a .model file, or from its bytes (`proto`, as `Tokenizer.proto` gives them)."""
+        if proto is not None:
+            self._sp = spm.SentencePieceProcessor(model_proto=proto)
+        else:
+            self._sp = spm.SentencePieceProcessor(model_file=str(model_path))
+        types, norm = _read_model_proto(self.proto)
         if len(types) != self._sp.get_piece_size():
-            raise ValueError(f"cannot read the piece types of {model_path}")
+            raise ValueError(f"cannot read the piece types of {model_path or 'the tokenizer'}")
         # Leading-space rules of sentencepiece's decoder, from the normalizer spec.
         remove_extra_whitespaces = norm.get(_REMOVE_EXTRA_WHITESPACES, 1) == 1
         self._strip_leading = remove_extra_whitespaces or norm.get(_ADD_DUMMY_PREFIX, 1) == 1
@@ -43,6 +47,11 @@ class Tokenizer:
         self._pieces.append(_Piece(special=True))  # blank
         eou = self._sp.piece_to_id(EOU_PIECE)
         self._eou_id = eou if self._sp.id_to_piece(eou) == EOU_PIECE else None
+
+    @property
+    def proto(self) -> bytes:
+        """The sentencepiece model, serialized (another process rebuilds the tokenizer from it)."""
+        return self._sp.serialized_model_proto()
 
     @property
     def vocab_size(self) -> int:

@@ -11,7 +11,7 @@ import trio
 from trio_websocket import WebSocketRequest, WebSocketServer
 
 from . import ws_adapter
-from .context import ServerContext
+from .context import ServerConfig, ServerContext
 from .doors import handle_tcp, handle_websocket
 from .http import handle_http
 from .memory import reclaim_after_closes
@@ -35,16 +35,16 @@ async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     """
     config = ctx.config
     async with trio.open_nursery() as handlers:
-        tcp = await open_listeners(config.host, config.tcp_port)
-        ws = await open_listeners(config.host, config.ws_port)
-        http = await open_listeners(config.host, config.http_port)
+        tcp = await _listeners(config, "tcp", config.tcp_port)
+        ws = await _listeners(config, "ws", config.ws_port)
+        http = await _listeners(config, "http", config.http_port)
         config.ports = {"tcp": _port(tcp), "ws": _port(ws), "http": _port(http)}
         handlers.start_soon(reclaim_after_closes, ctx)
         handlers.start_soon(
             partial(trio.serve_listeners, _guarded(partial(handle_http, ctx)), http, handler_nursery=handlers)
         )
         if config.agent_port is not None:
-            agent = await open_listeners(config.host, config.agent_port)
+            agent = await _listeners(config, "agent", config.agent_port)
             config.ports["agent"] = _port(agent)
             handlers.start_soon(
                 partial(trio.serve_listeners, _guarded(partial(handle_agent, ctx)), agent, handler_nursery=handlers)
@@ -69,6 +69,15 @@ async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> 
             accepting.cancel_scope.cancel()  # stop accepting; sessions see the shutdown too
         await _drain(ctx, riva)
         handlers.cancel_scope.cancel()
+
+
+async def _listeners(config: ServerConfig, door: str, port: int) -> list[trio.SocketListener]:
+    """The listeners of one port: opened here, or (a worker process, workers.py) the sockets the
+    server's main process opened for every worker."""
+    if door in config.listen_fds:
+        return [trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fd)))
+                for fd in config.listen_fds[door]]
+    return await open_listeners(config.host, port)
 
 
 async def open_listeners(host: str, port: int) -> list[trio.SocketListener]:

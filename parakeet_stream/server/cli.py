@@ -5,6 +5,7 @@ import argparse
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
 import trio
 
@@ -22,6 +23,7 @@ from .context import ServerConfig, ServerContext
 from .guard import memory_problem
 from .memory import freeze_startup_objects
 from .ports import port_problem
+from .workers import default_workers, serve_in_workers
 
 
 EPILOG = ("It prints its configuration, then one `parakeet-serve ready: ...` line. Ctrl-C (or SIGTERM) stops taking "
@@ -78,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-weight-unit", type=int, default=1, help="agent weight: 1 point per this many free streams")
     p.add_argument("--api-key", default=None, help="require this key (Bearer header, ?api_key=, TCP first message)")
     p.add_argument("--allowed-origins", default="*", help="comma-separated WebSocket Origins, or *")
+    p.add_argument("--workers", default="auto", type=_workers,
+                   help="processes that speak the protocols, beside the engine's (0: all in one process; "
+                        "auto: 0 on a CPU, one per four cores on a GPU, at most eight)")
     add_engine_arguments(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="what is logged on stderr (info: each connection's open and close, draining)")
@@ -86,6 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _grpc_port(value: str) -> int | None:
     return None if value == "off" else int(value)
+
+
+def _workers(value: str) -> int | str:
+    if value == "auto":
+        return value
+    count = int(value)
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{value}: workers must be 0 or more")
+    return count
 
 
 def _slots(value: str) -> int | str:
@@ -126,26 +140,37 @@ def print_config(args: argparse.Namespace, info: EngineInfo) -> None:
             value = "set" if value else "none"
         elif name == "lookahead":  # the mode in use, the model's default unless given
             value = f"{info.default_lookahead[0]},{info.default_lookahead[1]}"
+        elif name == "workers" and value == "auto":
+            value = f"auto ({default_workers(args.device)})"
         elif name == "dtype" and value == AUTO:  # what the check chose (its reason is in the log)
             value = f"{value} ({info.precision.dtype})"
         print(f"  {name} = {value}")
     sys.stdout.flush()
 
 
-async def run(ctx: ServerContext) -> str:
-    """Serve until SIGINT/SIGTERM has drained the streams ("drained") or a second signal cut the
-    drain short ("not drained"); returns which."""
-    outcome = ["drained"]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_signals, ctx, nursery.cancel_scope, outcome)
-        ports = await nursery.start(_serve_then_stop, ctx, nursery.cancel_scope)
-        host = ctx.config.host
+def announce_ready(host: str):
+    """What prints the `parakeet-serve ready: ...` line for the ports served."""
+
+    def announce(ports: dict[str, int]) -> None:
         print(
             f"parakeet-serve ready: tcp://{host}:{ports['tcp']} ws://{host}:{ports['ws']} "
             f"http://{host}:{ports['http']}" + (f" agent://{host}:{ports['agent']}" if "agent" in ports else "")
             + (f" grpc://{host}:{ports['grpc']}" if "grpc" in ports else ""),
             flush=True,
         )
+
+    return announce
+
+
+async def run(ctx: ServerContext, announce: Callable[[dict[str, int]], None] | None = None) -> str:
+    """Serve until SIGINT/SIGTERM has drained the streams ("drained") or a second signal cut the
+    drain short ("not drained"); returns which. `announce(ports)` once listening (default: the
+    ready line)."""
+    outcome = ["drained"]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, ctx, nursery.cancel_scope, outcome)
+        ports = await nursery.start(_serve_then_stop, ctx, nursery.cancel_scope)
+        (announce or announce_ready(ctx.config.host))(ports)
     return outcome[0]
 
 
@@ -174,9 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parakeet-serve: error: {problem}", file=sys.stderr)
         return 2
     single_threaded_host()
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format=log_format())
     try:
         check_device(args.device)
         engine = ASREngine(
@@ -196,9 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parakeet-serve: refusing to start: {problem}", file=sys.stderr)
         return 2
     freeze_startup_objects()
+    workers = default_workers(args.device) if args.workers == "auto" else args.workers
     with engine:
         try:
-            outcome = trio.run(_main, engine, config)
+            if workers:
+                outcome = serve_in_workers(argv if argv is not None else sys.argv[1:], workers, engine, config,
+                                           announce_ready(args.host))
+            else:
+                outcome = trio.run(_main, engine, config)
         except Exception as exc:
             if not _bind_failed(exc):
                 raise
@@ -208,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     print(f"parakeet-serve stopped ({outcome})", flush=True)
     return 0
+
+
+def log_format(process: str | None = None) -> str:
+    where = f" [{process}]" if process else ""
+    return f"%(asctime)s %(levelname)s{where} %(name)s: %(message)s"
 
 
 def _ports(args: argparse.Namespace) -> dict[str, int | None]:

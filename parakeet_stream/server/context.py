@@ -37,6 +37,8 @@ class ServerConfig:
     max_upload_seconds: float = 4 * 3600.0  # audio in one upload
     upload_timeout: float = 600.0  # for a whole upload body to arrive
     ports: dict[str, int] = field(default_factory=dict)  # actual ports once listening
+    # a worker process (workers.py): door -> the listening sockets it shares with the other workers
+    listen_fds: dict[str, list[int]] = field(default_factory=dict)
 
 
 class WaitEstimator:

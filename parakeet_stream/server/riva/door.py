@@ -94,7 +94,8 @@ class RivaDoor:
 def server_options(ctx: ServerContext) -> list[tuple[str, int]]:
     config, stats = ctx.config, ctx.engine.stats()
     return [
-        ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
+        # a second server on the same port must fail, not share it; worker processes share theirs
+        ("grpc.so_reuseport", int(bool(config.listen_fds))),
         ("grpc.max_receive_message_length", config.max_message_bytes),
         # a connection may carry no more streams than the engine could ever hold (slots + queue)
         ("grpc.max_concurrent_streams", stats["max_num_streams"] + stats["max_queue"]),

@@ -1,0 +1,255 @@
+"""EngineClient: ASREngine's stream API with the engine in another process (service.py), for the
+server's worker processes. The server's doors call it as they call an ASREngine: the same
+methods, the same errors, listeners called from another thread (here the reading thread).
+
+Audio, finals and cancels are sent and not answered; a stream's results and queue position come
+as News and wait in an Outbox as the engine's own do; opening a stream and the figures (stats,
+step totals, latency, health) are asked and answered, blocking the caller for a round trip (a
+stream's opening, an HTTP probe: not per audio message). When the engine process goes away, every
+open stream gets a final `inference_error` result, `healthy()` turns False and `on_lost` runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..audio import SAMPLE_RATE, check_samples
+from ..model.tokenizer import Tokenizer
+from .errors import EngineError, QueueFull
+from .info import EngineInfo
+from .messages import Answer, Ask, Audio, Cancel, Final, FromEngine, Framer, Hello, News, Open, Opened, Refused
+from .phrases import Phrase, PhraseError, boosting_tree
+from .results import Outbox, StreamResult
+from .service import READ_BYTES, SOCKET_BUFFER
+from .step import StepTotals
+
+ANSWER_TIMEOUT = 10.0  # seconds an answer may take before the engine counts as gone
+FIGURES = ("stats", "totals", "latency", "healthy")
+
+
+@dataclass
+class _Stream:
+    position: int
+    outbox: Outbox = field(default_factory=Outbox)
+    final: bool = False  # the client's final was sent
+    failed: bool = False
+
+
+class EngineClient:
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, sock: socket.socket, on_lost: Callable[[], None] | None = None) -> None:
+        """`sock`: connected to an EngineService; the engine's Hello is read here."""
+        self._sock = sock
+        self._framer = Framer(FromEngine)
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._streams: dict[int, _Stream] = {}
+        self._asked: dict[int, tuple[threading.Event, list]] = {}
+        self._refs = itertools.count(1)
+        self._alive = True
+        self.on_lost = on_lost
+        self.info = _info(self._read_hello())
+        self._figures = {what: None for what in FIGURES}
+        threading.Thread(target=self._read, name="engine-client", daemon=True).start()
+        for what in FIGURES:  # known before the engine could go away
+            self._ask(what)
+
+    @classmethod
+    def connect(cls, path: str, on_lost: Callable[[], None] | None = None) -> EngineClient:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+        sock.connect(path)
+        return cls(sock, on_lost)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    # -- streams: ASREngine's API ---------------------------------------------------------
+    def create_stream(self, lookahead=None, bulk: bool = False, phrases: tuple[Phrase, ...] = ()) -> int:
+        if lookahead is not None:
+            lookahead = tuple(lookahead)
+        rows = [(p.text, p.weight, p.hint) for p in phrases]
+        answer = self._call(lambda ref: Open(ref, lookahead, bulk, rows))
+        if isinstance(answer, Refused):
+            if answer.code == "queue_full":
+                raise QueueFull()
+            if answer.code == "invalid_phrases":
+                raise PhraseError(answer.message)
+            raise EngineError(answer.code, answer.message)
+        return answer.sid
+
+    def queue_position(self, sid: int) -> int:
+        return self._stream(sid).position
+
+    def push_audio(self, sid: int, samples) -> None:
+        stream = self._stream(sid)
+        if stream.failed:
+            raise EngineError("inference_error", "the stream failed")
+        if stream.final:
+            raise EngineError("stream_closed", "audio after the end of the stream")
+        samples = check_samples(np.asarray(samples, dtype=np.float32))
+        if samples.size:
+            self._send(Audio(sid, samples.tobytes()))
+
+    def finalize(self, sid: int) -> None:
+        stream = self._stream(sid)
+        if not stream.final:
+            stream.final = True
+            self._send(Final(sid))
+
+    def cancel(self, sid: int) -> None:
+        with self._lock:
+            stream = self._streams.pop(sid, None)
+        if stream is not None:
+            self._send(Cancel(sid))
+
+    def collect(self, sid: int) -> list[StreamResult]:
+        with self._lock:
+            stream = self._streams.get(sid)
+        if stream is None:
+            return []
+        results, _ = stream.outbox.take()
+        if any(r.is_final for r in results):
+            with self._lock:
+                self._streams.pop(sid, None)
+        return results
+
+    def add_listener(self, sid: int, callback: Callable[[], None]) -> None:
+        self._stream(sid).outbox.listen(callback)
+
+    def wait_for_update(self, sid: int, timeout: float | None = None) -> bool:
+        """Block until the stream has results or its queue position changed (True), or timeout."""
+        return self._stream(sid).outbox.wait(timeout)
+
+    def check_phrases(self, phrases: tuple[Phrase, ...]) -> None:
+        boosting_tree(phrases, self.info.tokenizer)
+
+    # -- figures ------------------------------------------------------------------------
+    def healthy(self) -> bool:
+        return self._alive and bool(self._ask("healthy"))
+
+    def stats(self) -> dict:
+        return dict(self._ask("stats"))
+
+    def latency_figures(self) -> dict[str, float]:
+        return dict(self._ask("latency"))
+
+    def step_totals(self) -> StepTotals:
+        totals = self._ask("totals")
+        return StepTotals(totals["steps"], totals["chunks"], dict(totals["seconds"]))
+
+    def _ask(self, what: str):
+        """The engine's answer, or (the engine gone) its last one."""
+        if self._alive:
+            with contextlib.suppress(EngineError):
+                self._figures[what] = self._call(lambda ref: Ask(ref, what)).value
+        return self._figures[what]
+
+    # -- the socket -----------------------------------------------------------------------
+    def _call(self, make: Callable[[int], object]) -> Opened | Refused | Answer:
+        ref, done, box = next(self._refs), threading.Event(), []
+        with self._lock:
+            self._asked[ref] = (done, box)
+        try:
+            self._send(make(ref))
+            if not done.wait(ANSWER_TIMEOUT) or not box:
+                raise EngineError("inference_error", "the engine is gone")
+            return box[0]
+        finally:
+            with self._lock:
+                self._asked.pop(ref, None)
+
+    def _send(self, message) -> None:
+        frame = self._framer.frame(message)
+        try:
+            with self._send_lock:
+                self._sock.sendall(frame)
+        except OSError:
+            raise EngineError("inference_error", "the engine is gone") from None
+
+    def _read_hello(self) -> Hello:
+        while True:
+            data = self._sock.recv(READ_BYTES)
+            if not data:
+                raise ConnectionError("the engine closed the connection before saying hello")
+            messages = self._framer.feed(data)
+            if messages:
+                if len(messages) > 1 or not isinstance(messages[0], Hello):
+                    raise ConnectionError("the engine's first message was not its hello")
+                return messages[0]
+
+    def _read(self) -> None:
+        try:
+            while data := self._sock.recv(READ_BYTES):
+                for message in self._framer.feed(data):
+                    self._handle(message)
+        except (OSError, ValueError):
+            pass
+        self._lost()
+
+    def _handle(self, message) -> None:
+        if isinstance(message, News):
+            with self._lock:
+                stream = self._streams.get(message.sid)
+            if stream is None:  # cancelled here since
+                return
+            stream.position = message.position
+            stream.failed = stream.failed or any(r.error for r in message.results)
+            for result in message.results:
+                stream.outbox.publish(result)
+            if not message.results:
+                stream.outbox.notify()
+            return
+        if isinstance(message, Opened):
+            with self._lock:
+                self._streams[message.sid] = _Stream(message.position)
+        with self._lock:
+            done, box = self._asked.get(message.ref, (None, None))
+        if done is not None:
+            box.append(message)
+            done.set()
+
+    def _lost(self) -> None:
+        """The engine went away: every open stream ends with an error, every caller waiting is told."""
+        self._alive = False
+        with self._lock:
+            streams, asked = dict(self._streams), list(self._asked.values())
+        for done, _ in asked:
+            done.set()
+        for sid, stream in streams.items():
+            stream.failed = True
+            stream.outbox.publish(StreamResult(sid, [], "", is_final=True, error="inference_error"))
+        if self.on_lost is not None:
+            self.on_lost()
+
+    def _stream(self, sid: int) -> _Stream:
+        with self._lock:
+            stream = self._streams.get(sid)
+        if stream is None:
+            raise EngineError("unknown_stream", f"no stream {sid}")
+        return stream
+
+
+def _info(hello: Hello) -> EngineInfo:
+    return EngineInfo(
+        sample_rate=hello.sample_rate,
+        frame_seconds=hello.frame_seconds,
+        tokenizer=None if hello.tokenizer is None else Tokenizer(proto=hello.tokenizer),
+        lookahead_modes=tuple(tuple(mode) for mode in hello.lookahead_modes),
+        default_lookahead=tuple(hello.default_lookahead),
+        bulk_lookahead=tuple(hello.bulk_lookahead),
+        chunk_seconds={tuple(mode): seconds for mode, seconds in hello.chunk_seconds},
+        precision=hello.precision,
+        start_seconds=hello.start_seconds,
+        cuda_graphs=hello.cuda_graphs,
+    )

@@ -1,0 +1,116 @@
+"""What an engine process and its clients (server workers) say to each other over one local
+socket (service.py, client.py): msgpack frames, each a 4-byte length then one tagged message.
+
+Client -> engine: Open (a stream; answered by Opened or Refused), Audio, Final, Cancel, Ask (a
+figure; answered by Answer). Engine -> client: Hello (the model's facts, first), Opened, Refused,
+News (a stream's queue position and new results), Answer. Audio travels as raw float32 bytes at
+the engine's rate: one Audio message of 80 ms is about 5 KiB and costs a copy, not a parse.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Union
+
+import msgspec
+
+from ..model.precision_check import PrecisionChoice
+from .results import StreamResult
+
+HEADER = struct.Struct("<I")
+MAX_FRAME = 64 << 20  # a frame larger than this is a broken peer, not a message
+
+
+class Open(msgspec.Struct, tag=1, array_like=True):
+    ref: int
+    lookahead: tuple[int, int] | None
+    bulk: bool
+    phrases: list[tuple[str, float, bool]]  # (text, weight, hint)
+
+
+class Audio(msgspec.Struct, tag=2, array_like=True):
+    sid: int
+    samples: bytes  # float32, native byte order
+
+
+class Final(msgspec.Struct, tag=3, array_like=True):
+    sid: int
+
+
+class Cancel(msgspec.Struct, tag=4, array_like=True):
+    sid: int
+
+
+class Ask(msgspec.Struct, tag=5, array_like=True):
+    ref: int
+    what: str  # stats | totals | latency | healthy
+
+
+class Hello(msgspec.Struct, tag=10, array_like=True):
+    sample_rate: int
+    frame_seconds: float
+    tokenizer: bytes | None  # the sentencepiece model
+    lookahead_modes: list[tuple[int, int]]
+    default_lookahead: tuple[int, int]
+    bulk_lookahead: tuple[int, int]
+    chunk_seconds: list[tuple[tuple[int, int], float]]
+    precision: PrecisionChoice
+    start_seconds: float
+    cuda_graphs: int
+
+
+class Opened(msgspec.Struct, tag=11, array_like=True):
+    ref: int
+    sid: int
+    position: int  # in the waiting queue (0: admitted)
+
+
+class Refused(msgspec.Struct, tag=12, array_like=True):
+    ref: int
+    code: str  # queue_full | invalid_phrases | bad_lookahead | ...
+    message: str
+
+
+class News(msgspec.Struct, tag=13, array_like=True):
+    sid: int
+    position: int
+    results: list[StreamResult]
+
+
+class Answer(msgspec.Struct, tag=14, array_like=True):
+    ref: int
+    value: Any
+
+
+ToEngine = Union[Open, Audio, Final, Cancel, Ask]
+FromEngine = Union[Hello, Opened, Refused, News, Answer]
+
+
+class Framer:
+    """Encodes messages into frames and splits received bytes into messages of one direction."""
+
+    def __init__(self, incoming: type) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(incoming)
+        self._buffer = bytearray()
+
+    def frame(self, message: msgspec.Struct) -> bytes:
+        body = self._encoder.encode(message)
+        return HEADER.pack(len(body)) + body
+
+    def feed(self, data: bytes) -> list:
+        """The messages completed by `data` (bytes read from the socket), in order."""
+        self._buffer += data
+        out, start, buffer = [], 0, self._buffer
+        with memoryview(buffer) as view:
+            while len(buffer) - start >= HEADER.size:
+                (size,) = HEADER.unpack_from(buffer, start)
+                if size > MAX_FRAME:
+                    raise ValueError(f"a frame of {size} bytes")
+                end = start + HEADER.size + size
+                if end > len(buffer):
+                    break
+                out.append(self._decoder.decode(view[start + HEADER.size:end]))
+                start = end
+        del buffer[:start]
+        return out

@@ -1,0 +1,216 @@
+"""The engine process's side of the engine client API: one ASREngine served to clients (the
+server's worker processes, client.py) over a Unix socket, in the messages of messages.py.
+
+Each client gets two threads: one reads its messages and calls the engine (the only work the
+engine's interpreter does per audio message: a frame decoded, the samples viewed, pushed), one
+sends what the engine has for its streams. Engine listeners only mark a stream as changed; the
+sending thread collects every changed stream's results and queue position at once, in one write.
+A client that goes away (its process died) has its streams cancelled: their slots go to others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from functools import partial
+
+import numpy as np
+
+from .asr_engine import ASREngine
+from .errors import EngineError, QueueFull
+from .messages import Answer, Ask, Audio, Cancel, Final, Framer, Hello, News, Open, Opened, Refused, ToEngine
+from .phrases import Phrase
+
+log = logging.getLogger(__name__)
+
+READ_BYTES = 1 << 20
+SOCKET_BUFFER = 4 << 20  # bytes the kernel holds each way: bursts of audio and results without blocking
+
+
+class EngineService:
+    def __init__(self, engine: ASREngine, path: str) -> None:
+        self.engine = engine
+        self.path = path
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        os.chmod(path, 0o600)  # this user's processes only
+        self._listener.listen()
+        self._clients: list[_Client] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept, name="engine-service", daemon=True)
+
+    def start(self) -> EngineService:
+        self._thread.start()
+        return self
+
+    @property
+    def clients(self) -> int:
+        with self._lock:
+            return sum(client.connected for client in self._clients)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        with self._lock:
+            clients = list(self._clients)
+        for client in clients:
+            client.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+            client = _Client(self.engine, sock)
+            with self._lock:
+                self._clients = [c for c in self._clients if c.connected] + [client]
+            client.start()
+
+
+class _Client:
+    """One connected client: its streams, its reading and its sending thread."""
+
+    def __init__(self, engine: ASREngine, sock: socket.socket) -> None:
+        self.engine = engine
+        self.sock = sock
+        self.connected = True
+        self._framer = Framer(ToEngine)
+        self._send_lock = threading.Lock()
+        self._sids: set[int] = set()
+        self._changed: set[int] = set()
+        self._cv = threading.Condition()
+
+    def start(self) -> None:
+        threading.Thread(target=self._read, name="engine-service-read", daemon=True).start()
+        threading.Thread(target=self._write, name="engine-service-write", daemon=True).start()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    # -- reading: the client's calls ----------------------------------------------------
+    def _read(self) -> None:
+        try:
+            self._send(hello(self.engine))
+            while data := self.sock.recv(READ_BYTES):
+                for message in self._framer.feed(data):
+                    self._handle(message)
+        except (OSError, ValueError) as exc:  # the client died, or sent what is no frame
+            log.debug("engine client lost: %r", exc)
+        finally:
+            self._gone()
+
+    def _handle(self, message) -> None:
+        engine = self.engine
+        if isinstance(message, Audio):
+            with contextlib.suppress(EngineError):  # failed or over: its results tell the client
+                engine.push_audio(message.sid, np.frombuffer(message.samples, np.float32))
+        elif isinstance(message, Open):
+            self._open(message)
+        elif isinstance(message, Final):
+            with contextlib.suppress(EngineError):
+                engine.finalize(message.sid)
+        elif isinstance(message, Cancel):
+            self._sids.discard(message.sid)
+            engine.cancel(message.sid)
+        elif isinstance(message, Ask):
+            self._send(Answer(message.ref, self._answer(message.what)))
+
+    def _open(self, message: Open) -> None:
+        phrases = tuple(Phrase(text, weight, hint) for text, weight, hint in message.phrases)
+        try:
+            sid = self.engine.create_stream(message.lookahead, message.bulk, phrases)
+        except QueueFull:
+            self._send(Refused(message.ref, "queue_full", "every slot is busy and the waiting queue is full"))
+            return
+        except EngineError as exc:
+            self._send(Refused(message.ref, exc.code, exc.message))
+            return
+        self._sids.add(sid)
+        self._send(Opened(message.ref, sid, self.engine.queue_position(sid)))  # before any news of it
+        self.engine.add_listener(sid, partial(self._mark, sid))
+        self._mark(sid)  # what changed before the listener was there
+
+    def _answer(self, what: str):
+        engine = self.engine
+        if what == "stats":
+            return engine.stats()
+        if what == "totals":
+            return engine.step_totals()
+        if what == "latency":
+            return engine.latency_figures()
+        return engine.healthy()
+
+    def _gone(self) -> None:
+        """The client went away: its streams end, their slots go to others."""
+        self.connected = False
+        for sid in list(self._sids):
+            self.engine.cancel(sid)
+        with self._cv:
+            self._cv.notify()
+        self.sock.close()
+
+    # -- sending: what the engine has for the client's streams ---------------------------
+    def _mark(self, sid: int) -> None:
+        with self._cv:
+            self._changed.add(sid)
+            self._cv.notify()
+
+    def _write(self) -> None:
+        while True:
+            with self._cv:
+                while not self._changed and self.connected:
+                    self._cv.wait()
+                if not self.connected:
+                    return
+                changed, self._changed = self._changed, set()
+            frames = [self._framer.frame(news) for sid in changed if (news := self._news(sid)) is not None]
+            try:
+                self._send_frames(frames)
+            except OSError:
+                return  # the reading thread sees it too, and cancels the streams
+
+    def _news(self, sid: int) -> News | None:
+        results = self.engine.collect(sid)
+        try:
+            position = self.engine.queue_position(sid)
+        except EngineError:  # over: its final result was collected (now or before)
+            position = 0
+            if not results:
+                return None
+        if any(result.is_final for result in results):
+            self._sids.discard(sid)
+        return News(sid, position, results)
+
+    def _send(self, message) -> None:
+        self._send_frames([self._framer.frame(message)])
+
+    def _send_frames(self, frames: list[bytes]) -> None:
+        if frames:
+            with self._send_lock:
+                self.sock.sendall(b"".join(frames))
+
+
+def hello(engine: ASREngine) -> Hello:
+    info = engine.info
+    return Hello(
+        sample_rate=info.sample_rate,
+        frame_seconds=info.frame_seconds,
+        tokenizer=None if info.tokenizer is None else info.tokenizer.proto,
+        lookahead_modes=list(info.lookahead_modes),
+        default_lookahead=info.default_lookahead,
+        bulk_lookahead=info.bulk_lookahead,
+        chunk_seconds=list(info.chunk_seconds.items()),
+        precision=info.precision,
+        start_seconds=info.start_seconds,
+        cuda_graphs=info.cuda_graphs,
+    )

@@ -1,0 +1,186 @@
+"""`parakeet-serve --workers N`: the doors in N worker processes, the engine in this one.
+
+This process loads the model, runs the engine and serves it to the workers over a Unix socket
+(engine/service.py). It opens every listening socket itself (TCP, WebSocket, HTTP, the agent) and
+hands them to each worker, so that the workers accept on the same ports, the kernel giving each
+connection to one of them; gRPC's port is shared the way gRPC shares one (SO_REUSEPORT). A worker
+speaks the protocols with an EngineClient (engine/client.py) where the in-process server has the
+engine: JSON, base64, resampling, WebSocket framing and gRPC no longer share the engine's
+interpreter lock. Metrics are written by every worker into one folder and read by any of them
+(metrics.py), so /metrics is one view of the whole server.
+
+Signals: the first SIGINT/SIGTERM is passed to every worker (each drains its connections), then
+the engine stops once they all exited; a second one is passed on too (workers stop at once).
+A worker that dies is started again; its connections are lost, its streams cancelled in the
+engine (their slots go to the others), the other workers' streams go on.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from prometheus_client.multiprocess import mark_process_dead
+
+from ..engine import ASREngine
+from ..engine.service import EngineService
+from .app import SEND_BUFFER_BYTES
+from .context import ServerConfig
+from .metrics import MULTIPROCESS_DIR
+
+log = logging.getLogger(__name__)
+
+ENGINE_SOCKET = "PARAKEET_ENGINE_SOCKET"
+LISTEN_FDS = "PARAKEET_LISTEN_FDS"  # door=fd,fd;door=fd
+READY_FD = "PARAKEET_READY_FD"  # the worker writes one line there once listening
+WORKER_INDEX = "PARAKEET_WORKER"
+READY_TIMEOUT = 120.0  # seconds for a worker to start (it imports what the server imports)
+POLL_S = 0.05
+RESTART_AFTER_S = 1.0  # a worker that died is started again no sooner than this after its start
+BACKLOG = 4096
+
+
+def default_workers(device: str, cores: int | None = None) -> int:
+    """On a CPU the model's encoder takes every core (its thread team) and the server's protocol
+    work is a small share of a step: one process. On a GPU the engine's process needs about three
+    busy threads (its stages) and the protocol work of hundreds of streams needs cores of its own:
+    a worker per four cores, at most eight."""
+    if not device.startswith("cuda"):
+        return 0
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(8, cores // 4))
+
+
+class _Worker:
+    def __init__(self, index: int, argv: list[str], env: dict[str, str], fds: list[int]) -> None:
+        self.index = index
+        read, write = os.pipe()
+        env = {**env, READY_FD: str(write), WORKER_INDEX: str(index)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "parakeet_stream.server.worker", *argv], env=env,
+                                     pass_fds=[*fds, write], start_new_session=True)  # signals come from us only
+        os.close(write)
+        self._ready = read
+        self.started = time.monotonic()
+        log.info("worker %d started (pid %d)", index, self.proc.pid)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """True once it listens; False if it exited or took longer than `timeout`."""
+        try:
+            readable, _, _ = select.select([self._ready], [], [], timeout)
+            return bool(readable) and os.read(self._ready, 64).startswith(b"ready")
+        finally:
+            os.close(self._ready)
+
+
+def serve_in_workers(argv: list[str], count: int, engine: ASREngine, config: ServerConfig,
+                     announce) -> str:
+    """Serve through `count` worker processes until signalled; returns "drained" or "not drained".
+    `announce(ports)` once every worker listens. Raises OSError where a port cannot be opened."""
+    sockets = {door: _listen(config.host, port) for door, port in _doors(config).items()}
+    ports = {door: socks[0].getsockname()[1] for door, socks in sockets.items()}
+    if config.grpc_port is not None:
+        ports["grpc"] = config.grpc_port or _free_port(config.host)
+        argv = [*argv, "--grpc-port", str(ports["grpc"])]
+    fds = [s.fileno() for socks in sockets.values() for s in socks]
+    with tempfile.TemporaryDirectory(prefix="parakeet-serve-") as run_dir:
+        service = EngineService(engine, str(Path(run_dir) / "engine.sock")).start()
+        metrics = Path(run_dir) / "metrics"
+        metrics.mkdir()
+        env = {**os.environ, ENGINE_SOCKET: service.path, MULTIPROCESS_DIR: str(metrics),
+               LISTEN_FDS: ";".join(f"{door}={','.join(str(s.fileno()) for s in socks)}"
+                                    for door, socks in sockets.items())}
+        workers = [_Worker(i, argv, env, fds) for i in range(count)]
+        try:
+            for worker in workers:
+                if not worker.wait_ready(READY_TIMEOUT):
+                    raise RuntimeError(f"worker {worker.index} did not start (exit code {worker.proc.poll()})")
+            announce(ports)
+            return _supervise(workers, argv, env, fds, str(metrics))
+        finally:
+            for worker in workers:
+                if worker.proc.poll() is None:
+                    worker.proc.kill()
+                worker.proc.wait()
+            service.close()
+            for socks in sockets.values():
+                for sock in socks:
+                    sock.close()
+
+
+def _supervise(workers: list[_Worker], argv: list[str], env: dict[str, str], fds: list[int], metrics: str) -> str:
+    signals: list[int] = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda s, _: signals.append(s))
+    passed = 0
+    while True:
+        if len(signals) > passed:
+            passed = len(signals)
+            log.info("%s: draining %d workers", signal.Signals(signals[-1]).name, len(workers))
+            for worker in workers:
+                if worker.proc.poll() is None:
+                    worker.proc.send_signal(signal.SIGTERM)
+        if signals and all(w.proc.poll() is not None for w in workers):
+            return "drained" if passed == 1 else "not drained"
+        if not signals:
+            workers[:] = [_restarted(w, argv, env, fds, metrics) for w in workers]
+        time.sleep(POLL_S)
+
+
+def _restarted(worker: _Worker, argv: list[str], env: dict[str, str], fds: list[int], metrics: str) -> _Worker:
+    code = worker.proc.poll()
+    if code is None or time.monotonic() - worker.started < RESTART_AFTER_S:
+        return worker
+    log.warning("worker %d exited (code %s): its connections are lost; starting it again", worker.index, code)
+    mark_process_dead(worker.proc.pid, metrics)
+    fresh = _Worker(worker.index, argv, env, fds)
+    if not fresh.wait_ready(READY_TIMEOUT):
+        log.error("worker %d did not start again", worker.index)
+    return fresh
+
+
+def _doors(config: ServerConfig) -> dict[str, int]:
+    doors = {"tcp": config.tcp_port, "ws": config.ws_port, "http": config.http_port}
+    if config.agent_port is not None:
+        doors["agent"] = config.agent_port
+    return doors
+
+
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on every address of `host`, as trio's listeners open them (one when the
+    port is 0: every worker must share the one port chosen)."""
+    out = []
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                              flags=socket.AI_PASSIVE):
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EAFNOSUPPORT:  # e.g. IPv6 switched off: trio skips it too
+                continue
+            raise
+        sock.listen(BACKLOG)
+        out.append(sock)
+        if port == 0:
+            break
+    if not out:
+        raise OSError(f"cannot listen on {host} port {port}")
+    return out
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,146 @@
+"""`parakeet-serve --workers N`: the doors in worker processes, the engine in the main one.
+
+(Every door across the engine client API is run by the modules that take `either_engine`; the
+lifecycle module runs its real-process tests with two workers too. Here: what only processes show.)
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+from helpers import Raw, Server, assert_clean_log, audio_messages, http_get, metric, result_tokens, transcribe_raw, wait_until
+
+from parakeet_stream.server.cli import build_parser
+from parakeet_stream.server.workers import default_workers
+
+PEER = re.compile(r"\[worker (\d)\] parakeet_stream.connections: connection open peer=127\.0\.0\.1:(\d+)")
+
+
+@pytest.fixture
+def workers(tiny_model_dir, tmp_path):
+    server = Server(tiny_model_dir, tmp_path / "server.log", "--workers", "2", "--dtype", "float32",
+                    "--max-num-streams", "8", "--drain-timeout", "2")
+    yield server
+    server.close()
+
+
+def worker_of(server: Server) -> dict[int, int]:
+    """Client port -> the worker that took its connection, from the connection log."""
+    return {int(port): int(index) for index, port in PEER.findall(server.log())}
+
+
+def worker_pids(server: Server) -> dict[int, int]:
+    """Worker index -> pid of its latest start."""
+    return {int(i): int(pid) for i, pid in re.findall(r"worker (\d) started \(pid (\d+)\)", server.log())}
+
+
+async def open_until_both_workers(server: Server, stack: AsyncExitStack, audio: list[dict],
+                                  most: int = 24) -> list[Raw]:
+    """Native TCP connections, each sent `audio`, until both workers hold at least one."""
+    conns = []
+    for _ in range(most):
+        conn = await stack.enter_async_context(Raw.open(server.url("tcp")))
+        await conn.until("hello")
+        for message in audio:
+            await conn.send(message)
+        conns.append(conn)
+        await wait_until(lambda: _port(conn) in worker_of(server))
+        if len({worker_of(server)[_port(c)] for c in conns}) == 2:
+            return conns
+    pytest.fail(f"{most} connections all went to one worker")
+
+
+def _port(conn: Raw) -> int:
+    return conn.tcp.socket.getsockname()[1]
+
+
+async def test_streams_over_both_workers_give_the_one_process_tokens_and_one_metrics_view(workers, sentence,
+                                                                                         solo_tokens):
+    seen: set[int] = set()
+    streams = 0
+    while len(seen) < 2:
+        assert streams < 24, "every connection went to one worker"
+        async with trio.open_nursery() as nursery:
+            results = {}
+            for kind in ("tcp", "ws"):
+                nursery.start_soon(lambda k: _keep(results, k, transcribe_raw(workers.url(k), sentence)), kind)
+        assert all(result_tokens(r) == solo_tokens for r in results.values())
+        streams += 2
+        seen = {int(i) for i in re.findall(r"\[worker (\d)\] parakeet_stream.connections: connection closed",
+                                            workers.log())}
+    _, body = await http_get(workers.ports["http"], "/metrics")  # any worker: every worker's series
+    assert metric(body, 'parakeet_streams_total{protocol="tcp"}') + metric(
+        body, 'parakeet_streams_total{protocol="ws"}') == streams
+    assert_clean_log(workers.log())
+
+
+async def _keep(box: dict, key: str, work) -> None:
+    box[key] = await work
+
+
+async def test_a_worker_that_dies_loses_only_its_connections_and_is_started_again(workers, sentence, solo_tokens):
+    first, rest = audio_messages(sentence)[:10], audio_messages(sentence)[10:]
+    async with AsyncExitStack() as stack:
+        conns = await open_until_both_workers(workers, stack, first)
+        owner = worker_of(workers)
+        victim = owner[_port(conns[0])]
+        os.kill(worker_pids(workers)[victim], signal.SIGKILL)
+        for conn in conns:
+            if owner[_port(conn)] == victim:
+                with trio.fail_after(5):
+                    await conn.rest()  # its connection ends with it
+            else:
+                for message in rest:
+                    await conn.send(message)
+                results = [m for m in await conn.until("result", is_final=True) if m["type"] == "result"]
+                assert result_tokens(results) == solo_tokens
+    await wait_until(lambda: "starting it again" in workers.log(), timeout=10)
+    # the dead worker's streams were cancelled in the engine: every slot is free again
+    async def active() -> float:
+        _, body = await http_get(workers.ports["http"], "/metrics")
+        return metric(body, "parakeet_active_streams")
+
+    with trio.fail_after(10):
+        while await active():
+            await trio.sleep(0.05)
+    assert result_tokens(await transcribe_raw(workers.url("tcp"), sentence)) == solo_tokens
+    assert_clean_log(workers.log())
+
+
+async def test_when_the_engine_process_dies_every_stream_fails_and_the_workers_exit(workers, sentence):
+    pids = worker_pids(workers)
+    async with Raw.open(workers.url("tcp")) as conn:
+        await conn.until("hello")
+        for message in audio_messages(sentence)[:5]:
+            await conn.send(message)
+        workers.proc.kill()
+        with trio.fail_after(10):
+            seen = await conn.rest()
+    assert any(m.get("code") == "inference_error" for m in seen), seen
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        await trio.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids.values())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie (exited, not yet reaped by init) is gone too
+        return stat.read().split(") ")[1][0] != "Z"
+
+
+def test_workers_flag_and_its_default():
+    assert build_parser().parse_args(["--workers", "3"]).workers == 3
+    assert build_parser().parse_args([]).workers == "auto"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--workers", "-1"])
+    assert default_workers("cpu", 64) == 0
+    assert [default_workers("cuda", cores) for cores in (2, 16, 64)] == [1, 4, 8]
