@@ -1,14 +1,13 @@
-"""A segment: the server's handle on one engine stream, which transcribes one stretch of a
-connection's audio (all of it, or one utterance of it: see segments.py).
+"""A segment: the server's handle on one stretch of a connection's audio (all of it, or one
+utterance of it: see segments.py), transcribed by one EngineStream (stream.py, which holds the
+audio on its way to the engine, its budget and its slot).
 
-Audio a client sends is resampled at once and appended to one contiguous buffer; it reaches
-the engine in pieces of at least MIN_PUSH_SECONDS, or all of it on admission and when the
-input is final. A queued segment therefore holds its audio here, in one bytearray, never one
-object per message.
+Here is what the connection counts in it: the client's rate (audio is resampled as it comes),
+connection time (where the segment starts, how much audio it received), the transcript so far,
+and the trio times of its admission and its final.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,13 +18,12 @@ from ..engine import EngineError, QueueFull
 from ..engine.phrases import PhraseError
 from .codes import ProtocolError
 from .phrases import refused
+from .stream import EngineStream
 
 if TYPE_CHECKING:
     from ..engine import ASREngine, StreamResult
     from ..engine.phrases import Phrase
     from .wakeup import Wakeup
-
-MIN_PUSH_SECONDS = 0.01
 
 
 class Segment:
@@ -33,29 +31,19 @@ class Segment:
         self, engine: ASREngine, changed: Wakeup, lookahead: tuple[int, int] | None, input_rate: int,
         max_seconds: float | None, offset: float, budget: int, phrases: tuple[Phrase, ...],
     ) -> None:
-        info = engine.info
-        self.engine = engine
-        self.sid = _create(engine, lookahead, phrases)
-        self.lookahead = tuple(lookahead or info.default_lookahead)
+        self.stream = _open(engine, changed, budget, max_seconds, lookahead, phrases)
+        self.sid = self.stream.sid
+        self.lookahead = tuple(lookahead or engine.info.default_lookahead)
         self.phrases = phrases
         self.offset = offset  # connection seconds where its audio starts
         self.input_seconds = 0.0  # audio received, padding and the cut after max_seconds included
-        self._rate = info.sample_rate
+        self._rate = engine.info.sample_rate
         self.set_input_rate(input_rate)
-        self._max_samples = None if max_seconds is None else int(max_seconds * self._rate)
-        self._budget = budget  # samples it may hold not yet encoded (model rate)
-        self._pending = bytearray()  # float32 samples at the model rate, not yet pushed
-        self._min_push = int(MIN_PUSH_SECONDS * self._rate)
-        self.pending_samples = self.pushed_samples = self.consumed_samples = 0
-        self.limit_reached = False  # cut at max_seconds and made final
         self.text = ""  # the transcript so far
         self.token_count = 0
         self.announced_position = 0  # the queue position the client was last told
         self.admitted_at: float | None = None
         self.final_at: float | None = None  # the client's end of input
-        self.finished = False  # final result collected, or cancelled
-        self.released = False
-        engine.add_listener(self.sid, changed.set_threadsafe)
         changed.set()
 
     @property
@@ -63,8 +51,18 @@ class Segment:
         return self.final_at is not None
 
     @property
+    def finished(self) -> bool:
+        """Its final result collected, or cancelled."""
+        return self.stream.finished
+
+    @property
+    def limit_reached(self) -> bool:
+        """Cut at max_seconds and made final."""
+        return self.stream.limit_reached
+
+    @property
     def received_samples(self) -> int:
-        return self.pushed_samples + self.pending_samples
+        return self.stream.received_samples
 
     def heard_until(self, result: StreamResult | None = None) -> float:
         """Connection seconds up to which `result` transcribed this segment's audio (the engine's
@@ -78,85 +76,67 @@ class Segment:
         self._resampler = None if rate == self._rate else StreamResampler(rate)
 
     def position(self) -> int:
-        return self.engine.queue_position(self.sid)
+        return self.stream.position()
 
     def add(self, samples: np.ndarray) -> bool:
         """Take a packet, unless what the segment holds (here and in the engine, not yet encoded)
         plus the packet exceeds its budget: then False, and the caller waits for the engine to
         consume audio. At the time limit the audio is cut and the input made final."""
         incoming = -(-len(samples) * self._rate // self.input_rate)
-        if incoming > self._budget:
-            seconds = self._budget / self._rate
+        if incoming > self.stream.budget:
+            seconds = self.stream.budget / self._rate
             raise ProtocolError("message_too_large", f"one message may carry at most {seconds:g} s of audio")
         if self.final_at is not None:
             raise ProtocolError("stream_closed", "audio after the end of the stream")
-        held = max(0, self.pushed_samples - self.consumed_samples) + self.pending_samples
-        if held + incoming > self._budget and not self.finished:
+        if incoming > self.stream.room and not self.finished:
             return False
         self.input_seconds += len(samples) / self.input_rate
         if self._resampler is not None:
             samples = self._resampler.push(samples)
-        received = self.pushed_samples + self.pending_samples
-        if self._max_samples is not None and received + len(samples) >= self._max_samples:
-            samples = samples[: self._max_samples - received]
-            self.limit_reached = True
-        self._pending += memoryview(np.ascontiguousarray(samples, np.float32)).cast("B")
-        self.pending_samples += len(samples)
+        self.stream.take(samples)
         if self.limit_reached:
             self.finalize()
         return True
 
     def flush(self, force: bool = False) -> None:
-        """Hand pending audio to the engine: once admitted and at least MIN_PUSH_SECONDS
-        of it (or any amount when forced)."""
-        if not self._pending or not (force or (self.admitted_at is not None and self.pending_samples >= self._min_push)):
-            return
-        samples = np.frombuffer(self._pending, np.float32).copy()
-        self._pending = bytearray()
-        self.pending_samples = 0
-        try:
-            self.engine.push_audio(self.sid, samples)
-        except EngineError:
-            return  # failed or cancelled in the engine: its final or error result tells the client
-        self.pushed_samples += len(samples)
+        self.stream.flush(force)
+
+    def admit(self) -> bool:
+        """Not admitted yet: whether it got a slot now (the audio that waited is pushed)."""
+        if not self.stream.admit():
+            return False
+        self.admitted_at = trio.current_time()
+        return True
 
     def finalize(self) -> None:
         """The client's end of input: the engine transcribes what is left, then sends the final result.
-        Once only, and not once the stream is over (its final result collected, or cancelled)."""
-        if self.final_at is not None or self.finished:
-            return
-        if self._resampler is not None:  # the filter's tail
+        Once only, and not once the segment is over (its final result collected, or cancelled)."""
+        tail = None
+        if self._resampler is not None and not (self.final or self.finished):  # the filter's tail
             tail = self._resampler.push(np.zeros(0, np.float32), last=True)
-            self._pending += memoryview(np.ascontiguousarray(tail, np.float32)).cast("B")
-            self.pending_samples += len(tail)
-        self.flush(force=True)
-        self.final_at = trio.current_time()
-        self.engine.finalize(self.sid)
+        if self.stream.finalize(tail):
+            self.final_at = trio.current_time()
+
+    def collect(self) -> list[StreamResult]:
+        """The engine's results waiting, in order (each then absorbed by the caller)."""
+        return self.stream.collect()
 
     def absorb(self, result: StreamResult) -> None:
         """Account for one collected result (in order)."""
         self.text += result.text
         self.token_count += len(result.token_ids)
-        self.consumed_samples = int(result.audio_seconds * self._rate)
-        self.finished = self.finished or result.is_final
 
     def release(self) -> float | None:
         """Free the slot (cancelling if unfinished); returns how long it was held, once."""
-        if self.released:
+        if not self.stream.release():
             return None
-        self.released = True
-        self._pending = bytearray()
-        self.pending_samples = 0
-        if not self.finished:
-            self.finished = True
-            with contextlib.suppress(EngineError):
-                self.engine.cancel(self.sid)
         return None if self.admitted_at is None else trio.current_time() - self.admitted_at
 
 
-def _create(engine: ASREngine, lookahead: tuple[int, int] | None, phrases: tuple[Phrase, ...]) -> int:
+def _open(engine: ASREngine, changed: Wakeup, budget: int, max_seconds: float | None,
+          lookahead: tuple[int, int] | None, phrases: tuple[Phrase, ...]) -> EngineStream:
     try:
-        return engine.create_stream(lookahead=lookahead, phrases=phrases)
+        return EngineStream(engine, changed.set_threadsafe, budget, max_seconds, lookahead, phrases)
     except QueueFull:
         raise ProtocolError("queue_full", "every slot is busy and the waiting queue is full") from None
     except PhraseError as exc:  # a phrase too many tokens long for the model

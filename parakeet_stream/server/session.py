@@ -37,7 +37,6 @@ class Session:
         self.segments = Segments(ctx, connection.channel, connection.protocol.metric, self.several_segments)
         self.results_sent = 0
         self.post = connection.post  # (message: dict): queued for the client, in order
-        self._engine = ctx.engine
 
     # -- what a protocol implements ------------------------------------------------------
     def open(self) -> None:
@@ -68,7 +67,7 @@ class Session:
         segment = self.segments.current
         if segment is None or segment.finished or (segment.admitted_at is None and not self._admit(segment)):
             return
-        results = self._engine.collect(segment.sid)
+        results = segment.collect()
         collected_at = trio.current_time()
         self.segments.progress.set()
         for result in results:
@@ -93,8 +92,8 @@ class Session:
                 self.post({"type": "queued", "position": position, "estimated_wait_s": wait})
             segment.announced_position = position
             return False
-        segment.admitted_at = trio.current_time()
-        segment.flush(force=True)  # audio received while queued
+        if not segment.admit():  # (the queue moved on since)
+            return False
         self.segments.progress.set()
         self.connection.rearm_idle()
         self.on_admitted(segment)

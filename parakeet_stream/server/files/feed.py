@@ -14,8 +14,9 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import trio
 
-from ...engine import ASREngine, EngineError, StreamResult
+from ...engine import ASREngine, StreamResult
 from ...engine.phrases import Phrase
+from ..stream import EngineStream
 from ..wakeup import Wakeup
 
 BLOCK_SECONDS = 5.0  # audio decoded and pushed at a time (at most half the budget)
@@ -45,39 +46,24 @@ async def feed_file(
     one last. Returns the samples pushed. `read`'s exceptions propagate, and QueueFull or
     PhraseError when the engine refuses the stream. The stream is cancelled if this is interrupted."""
     wakeup = Wakeup()
-    sid = engine.create_stream(lookahead, bulk=True, phrases=phrases)
+    stream = EngineStream(engine, wakeup.set_threadsafe, budget_samples, lookahead=lookahead, phrases=phrases,
+                          bulk=True)
     block = max(1, min(int(BLOCK_SECONDS * engine.info.sample_rate), budget_samples // 2))
-    pushed = consumed = 0
-    ended = finished = False
     try:
-        engine.add_listener(sid, wakeup.set_threadsafe)
-        while not finished:
-            for result in engine.collect(sid):
-                consumed = round(result.audio_seconds * engine.info.sample_rate)
-                finished = result.is_final
+        while not stream.finished:
+            for result in stream.collect():
                 await on_result(result)
-            if finished:
+            if stream.finished:
                 break
-            if not ended and budget_samples - (pushed - consumed) >= block and engine.queue_position(sid) == 0:
-                n = _push(engine, sid, await read(block))
-                pushed += n
-                ended = n == 0
-                if ended:
-                    engine.finalize(sid)
+            if not stream.final and stream.room >= block and (stream.admitted or stream.admit()):
+                samples = await read(block)
+                if len(samples):
+                    stream.take(samples)
+                    stream.flush(force=True)
+                else:  # the end of the audio
+                    stream.finalize()
             else:
                 await wakeup.wait()
-        return pushed
+        return stream.pushed_samples
     finally:
-        if not finished:
-            engine.cancel(sid)
-
-
-def _push(engine: ASREngine, sid: int, samples: np.ndarray) -> int:
-    """Samples pushed (0: the audio has ended, or the stream is over)."""
-    if len(samples) == 0:
-        return 0
-    try:
-        engine.push_audio(sid, samples)
-    except EngineError:  # failed in the engine: its final result says so
-        return 0
-    return len(samples)
+        stream.release()

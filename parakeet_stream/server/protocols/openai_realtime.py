@@ -122,7 +122,7 @@ class OpenAIRealtimeSession(Session):
         settings = self.settings.updated(event.session, holds_audio=self.segments.state is not State.IDLE)
         if settings.phrases != self.settings.phrases:
             try:  # what the model cannot boost is refused with the update, not at the next audio
-                self._engine.check_phrases(settings.phrases)
+                self.connection.ctx.engine.check_phrases(settings.phrases)
             except PhraseError as exc:
                 raise InvalidField(exc.code, exc.message, f"{TRANSCRIPTION_PATH}.keywords") from None
         self.settings = settings
