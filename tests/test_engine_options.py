@@ -84,7 +84,7 @@ def test_each_stage_thread_runs_with_its_own_openmp_team(eou_model, monkeypatch,
         totals = engine.step_totals()
     assert seen == expected
     # whichever thread ran it, each stage's time is counted under its own name (/metrics reports it)
-    assert set(totals.seconds) == {"pre-encode", "encode", "decode"} and all(totals.seconds.values())
+    assert set(totals.seconds) == {"pre-encode", "encode", "decode", "results"} and all(totals.seconds.values())
     assert totals.chunks == sum(not r.is_final for r in results) and 1 <= totals.steps <= totals.chunks + 1
 
 

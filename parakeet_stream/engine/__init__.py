@@ -1,9 +1,12 @@
 """Multi-stream engine: Sequence, Scheduler, ModelRunner behind the ASREngine API.
 
-One step, in order (asr_engine.py `_route`): the Scheduler picks it (scheduler.py, policy.py),
-the runner pre-encodes, encodes and decodes it on three stage threads (model_runner.py,
-pipeline.py), the engine turns its tokens into results, the Scheduler takes it back
-(postprocess) and the results are published to the streams' outboxes.
+One step, in order (`ASREngine.step_stages`, spread over threads by `ASREngine._route`): the
+Scheduler picks it (scheduler.py, policy.py), the runner pre-encodes, encodes and decodes it on
+three stage threads (model_runner.py, pipeline.py), the engine turns its tokens into results, the
+Scheduler takes it back (postprocess) and the results are published to the streams' outboxes.
+
+Beside the engine: the engine client API across processes (service.py serves an ASREngine on a
+Unix socket, client.py's EngineClient offers the same stream API in another process, messages.py).
 
 Glossary (one word per concept):
 - stream: one client's audio, from create_stream to its final result; the API names it by id (`sid`).

@@ -25,7 +25,7 @@ from .errors import EngineError, QueueFull
 from .inbox import Inbox
 from .info import EngineInfo
 from .latency import DEFAULT_TARGET
-from .model_runner import STAGES, ModelRunner
+from .model_runner import ModelRunner
 from .memory import plan_memory, slot_bytes, stream_bytes
 from .options import auto_num_streams
 from .phrases import Phrase, boosting_tree
@@ -89,7 +89,8 @@ class ASREngine:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._audio_seconds = 0.0
-        self._totals = StepTotals(seconds=dict.fromkeys(STAGES, 0.0))  # every stage in /metrics from the start
+        stages = [name for name, _ in self.step_stages()]
+        self._totals = StepTotals(seconds=dict.fromkeys(stages, 0.0))  # every stage in /metrics from the start
         self._started = False
         self.info = EngineInfo(
             sample_rate=self.sample_rate,
@@ -247,30 +248,38 @@ class ASREngine:
         with self._lock:
             return StepTotals(self._totals.steps, self._totals.chunks, dict(self._totals.seconds))
 
-    # --- the step route: schedule -> pre-encode -> encode -> decode -> postprocess -> publish ---
-    def _route(self, threads: int | None) -> Pipeline:
-        """Each stage on its own thread (pipeline.py), except where the encoder's team takes every
-        core (host.stages_beside): the whole step then runs on the encode thread. Postprocess and
-        publish follow decode on its thread. The runner's stages are looked up at each step, so
-        replacing one (fault injection) works."""
+    # --- one step, in order: schedule -> pre-encode -> encode -> decode -> results -> postprocess -> publish
+    def step_stages(self) -> list[tuple[str, Callable[[Step], None]]]:
+        """What runs on a step once the Scheduler picked it (`Scheduler.schedule`), in order, each
+        timed under its name; `_deliver` then ends it: postprocess (slots released, waiters
+        admitted), then publish. The runner's stages are looked up at each step, so replacing one
+        (fault injection) works."""
         runner = self.runner
+        return [
+            ("pre-encode", lambda step: runner.pre_encode(step)),  # features, subsampling
+            ("encode", lambda step: runner.encode(step)),  # the cache-aware layers
+            ("decode", lambda step: runner.decode(step)),  # greedy RNN-T: tokens
+            ("results", self._results),  # tokens -> text, times, end of utterance
+        ]
+
+    def _route(self, threads: int | None) -> Pipeline:
+        """The step's stages spread over threads (pipeline.py): pre-encode, encode, and decode with
+        results, each on its own thread; where the encoder's team takes every core
+        (host.stages_beside), all of them on one thread, one step at a time."""
+        enter = self.runner.streams.enter
         team = stage_threads(self.device, encoder=True, threads=threads)
         alone = stage_threads(self.device, encoder=False, threads=threads)
-        enter = runner.streams.enter
-        pre_encode = ("pre-encode", lambda step: runner.pre_encode(step))
-        encode = ("encode", lambda step: runner.encode(step))
-        decode = ("decode", self._decode)
+        pre_encode, encode, *decode = self.step_stages()
         if stages_beside(self.device, team):
             stages = [Stage("pre-encode", (pre_encode,), alone, partial(enter, "pre-encode")),
                       Stage("encode", (encode,), team, partial(enter, "encode")),
-                      Stage("decode", (decode,), alone, partial(enter, "decode"))]
+                      Stage("decode", tuple(decode), alone, partial(enter, "decode"))]
         else:  # on a CPU whose every core is in the encoder's team
-            stages = [Stage("step", (pre_encode, encode, decode), team)]
+            stages = [Stage("step", (pre_encode, encode, *decode), team)]
         return Pipeline(schedule=self.scheduler.schedule, stages=stages, deliver=self._deliver, fail=self._fail)
 
-    def _decode(self, step: Step) -> None:
-        """The runner's greedy pass, then each chunk's result: text, times, end of utterance."""
-        self.runner.decode(step)
+    def _results(self, step: Step) -> None:
+        """Each chunk's result from its new tokens; a stream's last step adds its final result."""
         now = time.monotonic()
         for item in step:
             if not item.live:
