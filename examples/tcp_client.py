@@ -14,7 +14,8 @@ from parakeet_stream.audio import read_audio  # any 16 kHz mono float32 source w
 PACKET_SAMPLES = 1600  # 100 ms
 
 
-def main(path: str, host: str = "127.0.0.1", port: str = "8765") -> None:
+def main(path: str, host: str = "127.0.0.1", port: str = "8765") -> int:
+    """0 once the final result came; 1 when the server ended the stream without it."""
     samples = read_audio(path)
     pcm16 = (samples.clip(-1, 1) * 32767).astype("<i2").tobytes()
     with socket.create_connection((host, int(port))) as sock:
@@ -29,9 +30,11 @@ def main(path: str, host: str = "127.0.0.1", port: str = "8765") -> None:
                 print(f"\r{message['text']}", end="", flush=True)
                 if message["is_final"]:
                     print()
-                    break
+                    return 0
             elif message["type"] == "error":
                 print(f"\nerror {message['code']}: {message['message']}", file=sys.stderr)
+    print("\nthe connection ended without the final result: the text above is incomplete", file=sys.stderr)
+    return 1
 
 
 def send(lines, message: dict) -> None:
@@ -40,4 +43,4 @@ def send(lines, message: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    sys.exit(main(*sys.argv[1:4]))

@@ -11,7 +11,8 @@ import trio
 from parakeet_stream.client import connect, send_paced
 
 
-async def main(path: str, url: str = "ws://127.0.0.1:8000/") -> None:
+async def main(path: str, url: str = "ws://127.0.0.1:8000/") -> int:
+    """0 once the final result came; 1 when the server ended the stream without it."""
     samples, rate = sf.read(path, dtype="float32", always_2d=True)
     samples = samples.mean(axis=1)
     async with connect(url, sample_rate=rate) as stream, trio.open_nursery() as nursery:
@@ -19,8 +20,11 @@ async def main(path: str, url: str = "ws://127.0.0.1:8000/") -> None:
         while (message := await stream.receive()) is not None:
             show(message)
             if message.get("is_final"):
-                break
+                nursery.cancel_scope.cancel()
+                return 0
         nursery.cancel_scope.cancel()
+    print("\nthe connection ended without the final result: the text above is incomplete", file=sys.stderr)
+    return 1
 
 
 def show(message: dict) -> None:
@@ -37,4 +41,4 @@ def show(message: dict) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, *sys.argv[1:3])
+    sys.exit(trio.run(main, *sys.argv[1:3]))

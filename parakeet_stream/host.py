@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -63,11 +64,51 @@ def stages_beside(device: torch.device, team: int | None) -> bool:
 
 
 def usable_cores() -> int:
-    """The cores this process may use (intra-op threads per stage by default)."""
+    """The cores this process may use (intra-op threads per stage by default): those its CPU
+    affinity allows, and no more than its cgroup's CPU quota (a container limited to 2 CPUs on a
+    64-core host gets 2; threads beyond its quota only wait for their turn)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cpu_quota()
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def cpu_quota(root: Path = CGROUP, membership: Path = Path("/proc/self/cgroup")) -> float | None:
+    """CPUs the process's cgroup may use (its quota over its period), None where there is no
+    quota: cgroup v2's cpu.max, else v1's cpu.cfs_quota_us / cpu.cfs_period_us."""
+    for line in _read(membership).splitlines():
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0":  # v2: "0::/path"
+            found = _ratio(_read(root / path.lstrip("/") / "cpu.max").split()[:2])
+        elif "cpu" in controllers.split(","):
+            folder = root / "cpu" / path.lstrip("/")
+            found = _ratio([_read(folder / "cpu.cfs_quota_us").strip(), _read(folder / "cpu.cfs_period_us").strip()])
+        else:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _ratio(fields: list[str]) -> float | None:
+    """quota / period; None for no quota ("max", -1) or nothing readable."""
+    try:
+        quota, period = int(fields[0]), int(fields[1])
+    except (IndexError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def available_ram() -> int | None:

@@ -6,13 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 if [ ! -x .venv/bin/parakeet-serve ] || [ pyproject.toml -nt .venv/bin/parakeet-serve ]; then
-    .venv/bin/pip install -q torch==2.13.0
+    .venv/bin/pip install -q torch==2.13.0 ${PARAKEET_TORCH_INDEX:+--index-url "$PARAKEET_TORCH_INDEX"}  # e.g. https://download.pytorch.org/whl/cpu
     .venv/bin/pip install -q -e .
     touch .venv/bin/parakeet-serve
 fi
 for arg in "$@"; do
     case "$arg" in --model|--model=*) exec .venv/bin/parakeet-serve "$@" ;; esac
 done
+.venv/bin/parakeet-serve --check "$@"  # a taken port or a missing GPU says so before any download
 status=0
 .venv/bin/python -m parakeet_stream.tools.fetch small --fallback demo >/dev/null || status=$?
 case $status in

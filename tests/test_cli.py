@@ -9,6 +9,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -194,5 +196,40 @@ def test_second_ctrl_c_stops_at_once_and_says_so(tiny_model_dir):
             server.proc.send_signal(signal.SIGINT)
             assert server.proc.wait(timeout=30) == 0
         assert server.proc.stdout.read().splitlines() == ["parakeet-serve stopped (not drained)"]
+        rest = server.proc.stderr.read()  # both said in the log: the cut, and why the connection ended
+        assert "SIGINT again: stopping now (open connections cut: 1)" in rest
+        assert re.search(r"connection closed peer=\S+ door=tcp protocol=native reason=server_shutdown", rest), rest
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("flag, value", [("--port", "70000"), ("--ws-port", "99999"), ("--http-port", "65536"),
+                                         ("--port", "-5"), ("--grpc-port", "70000"), ("--agent-port", "65536")])
+def test_a_port_out_of_range_is_refused_in_one_line(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([flag, value])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"parakeet-serve: error: argument {flag}: {int(value)} is not a port: ports are 0 (any free one) to 65535")
+
+
+def test_the_websocket_example_says_when_its_stream_ended_without_the_final_result(tiny_model_dir):
+    server = ServerProcess(tiny_model_dir)
+    try:
+        client = subprocess.Popen([sys.executable, str(ROOT / "examples" / "ws_client.py"),
+                                   str(ROOT / "examples" / "journey.wav"), server.url("ws")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while active_streams(server) == 0 and time.monotonic() < deadline:  # it streams at real time
+            time.sleep(0.05)
+        server.proc.kill()
+        _, stderr = client.communicate(timeout=30)
+    finally:
+        server.close()
+    assert client.returncode == 1
+    assert "the connection ended without the final result: the text above is incomplete" in stderr
+
+
+def active_streams(server: ServerProcess) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.ports['http']}/health", timeout=5) as answer:
+        return json.loads(answer.read())["active"]

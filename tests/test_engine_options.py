@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import threading
 
 import numpy as np
@@ -94,3 +95,23 @@ def test_other_stages_have_threads_of_their_own_only_where_the_encoders_team_lea
     assert not host.stages_beside(cpu, 4)
     assert host.stages_beside(cpu, 3)
     assert host.stages_beside(torch.device("cuda"), None)
+
+
+def test_the_cpu_quota_of_the_processs_cgroup_is_read_v2_and_v1(tmp_path, monkeypatch):
+    membership = tmp_path / "cgroup"
+    (tmp_path / "app").mkdir()
+    membership.write_text("0::/app\n")
+    (tmp_path / "app" / "cpu.max").write_text("150000 100000\n")
+    assert host.cpu_quota(tmp_path, membership) == 1.5
+    (tmp_path / "app" / "cpu.max").write_text("max 100000\n")
+    assert host.cpu_quota(tmp_path, membership) is None
+    v1 = tmp_path / "cpu" / "docker" / "x"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("50000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    membership.write_text("4:memory:/docker/x\n3:cpu,cpuacct:/docker/x\n")
+    assert host.cpu_quota(tmp_path, membership) == 0.5
+    monkeypatch.setattr(host, "cpu_quota", lambda: 0.5)  # a quota below one CPU still leaves one thread
+    assert host.usable_cores() == 1
+    monkeypatch.setattr(host, "cpu_quota", lambda: None)
+    assert host.usable_cores() == len(os.sched_getaffinity(0))

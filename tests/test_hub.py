@@ -282,3 +282,18 @@ def test_serve_sh_downloads_small_and_serves_it(serve_sh, hub, tmp_path):
     server = serve_sh(env, "--model", "demo")
     assert "  model = demo" in server.stdout
     assert "no network" not in server.stop() and not hub.requests
+
+
+def test_serve_sh_checks_the_ports_before_any_download(hub, tmp_path):
+    needs_installed_venv()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(["bash", str(ROOT / "scripts" / "serve.sh"), "--port", str(port), "--ws-port", "0",
+                               "--http-port", "0", "--grpc-port", "0"],
+                              env=hub_env(tmp_path, hub.url), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"parakeet-serve: error: port {port} on 127.0.0.1 is already in use by another "
+                                   "program: pick another with --port PORT (0: any free port)")
+    assert not hub.requests

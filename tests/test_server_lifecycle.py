@@ -8,13 +8,17 @@ import socket
 import orjson
 import pytest
 import trio
+import riva.client as riva_client
 from helpers import (
     BareWebSocket,
     Raw,
     ServerProcess,
+    audio_file,
     audio_messages,
     http_get,
     metric,
+    multipart,
+    post,
     result_tokens,
     running_server,
     transcribe_raw,
@@ -23,6 +27,7 @@ from helpers import (
 )
 from trio_websocket import ConnectionRejected, open_websocket_url
 
+from parakeet_stream.client import encode_audio
 from parakeet_stream.server.http import static_file
 
 
@@ -82,6 +87,45 @@ async def test_each_connection_logs_one_line_when_it_opens_and_one_when_it_close
     assert re.fullmatch(rf"connection open {peer} door=ws protocol=deepgram", lines[2])
     assert re.fullmatch(rf"connection closed {peer} door=ws protocol=deepgram reason=completed audio_s=0.0 results=0", lines[3])
     assert len(lines) == 4
+
+
+async def test_every_door_logs_its_connections_and_says_honestly_how_each_ended(engine, sentence, caplog):
+    """A client that closes once its transcript is done: completed; one that drops in the middle of
+    a stream: vanished; a gRPC call and an HTTP upload get their two lines like any connection."""
+    caplog.set_level(logging.INFO, logger="parakeet_stream.connections")
+    pcm = encode_audio(sentence, "pcm16")
+    async with running_server(engine) as ctx:
+        async with Raw.open(url(ctx, "ws", "/v1/listen?encoding=linear16&sample_rate=16000")) as conn:
+            await conn.send(pcm)
+            await conn.send({"type": "Finalize"})
+            await conn.until("Results", from_finalize=True)  # then the client closes
+        ws = await BareWebSocket.connect(ctx.config.ports["ws"], "/")
+        await ws.stream.send_all(ws.frames(*audio_messages(sentence)[:5]))
+        await ws.drop()
+        config = riva_client.StreamingRecognitionConfig(
+            config=riva_client.RecognitionConfig(encoding=riva_client.AudioEncoding.LINEAR_PCM, sample_rate_hertz=16000,
+                                                 language_code="en-US"), interim_results=True)
+        asr = riva_client.ASRService(riva_client.Auth(uri=f"127.0.0.1:{ctx.config.ports['grpc']}", use_ssl=False))
+        await trio.to_thread.run_sync(
+            lambda: list(asr.streaming_response_generator([pcm[i:i + 3200] for i in range(0, len(pcm), 3200)], config)))
+        answer = await post(ctx.config.ports["http"], "/v1/audio/transcriptions",
+                            multipart({"model": "whisper-1"}, audio_file(sentence)), "multipart/form-data; boundary=b0undary")
+        assert answer.status == 200
+        await wait_until(lambda: len(closes(caplog)) == 4)
+    seconds = f"{len(sentence) / 16000:.1f}"
+    done = closes(caplog)
+    assert re.fullmatch(r"door=ws protocol=deepgram reason=completed audio_s=\S+ results=[1-9]\d*", done[0])
+    assert re.fullmatch(r"door=ws protocol=native reason=vanished audio_s=\S+ results=\d+", done[1])
+    assert re.fullmatch(rf"door=grpc protocol=riva reason=completed audio_s={seconds} results=[1-9]\d*", done[2])
+    assert re.fullmatch(rf"door=http protocol=openai_files reason=completed audio_s={seconds} results=[1-9]\d*", done[3])
+    opened = [r.getMessage() for r in caplog.records if r.getMessage().startswith("connection open")]
+    assert [line.split()[3:] for line in opened][2:] == [["door=grpc", "protocol=riva"], ["door=http", "protocol=openai_files"]]
+
+
+def closes(caplog) -> list[str]:
+    """The close lines so far, without the words before the door (the peer)."""
+    lines = [r.getMessage() for r in caplog.records if r.name == "parakeet_stream.connections"]
+    return [line.split(" ", 3)[3] for line in lines if line.startswith("connection closed")]
 
 
 async def test_vanishing_clients_free_their_slots_within_a_second(server_process, sentence):

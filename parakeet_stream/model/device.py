@@ -8,6 +8,16 @@ import torch
 from .errors import DeviceError
 
 
+AUTO = "auto"
+
+
+def resolve_device(name: str) -> str:
+    """`auto`: cuda where torch sees a GPU, else cpu (every tool's default); any other name as given."""
+    if name == AUTO:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
 def check_device(device: str | torch.device) -> torch.device:
     """`device` as a torch.device, or DeviceError with a one-line reason where this torch cannot use it."""
     try:

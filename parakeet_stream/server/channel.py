@@ -67,6 +67,14 @@ def socket_state(sock) -> int | None:
         return None
 
 
+def socket_peer(stream: trio.SocketStream) -> str:
+    """The peer of a connected socket as "host:port"; "?" once it was reset."""
+    try:
+        return peer_name(*stream.socket.getpeername()[:2])
+    except OSError:
+        return "?"
+
+
 def peer_name(address: object, port: object) -> str:
     """An address as "host:port" (an IPv6 host in brackets)."""
     host = str(address)

@@ -13,7 +13,7 @@ from ..engine import ASREngine, EngineError
 from ..engine.info import EngineInfo
 from ..engine.options import add_engine_arguments, engine_options
 from ..host import single_threaded_host
-from ..model.device import check_device
+from ..model.device import AUTO, check_device, resolve_device
 from ..model.errors import DeviceError, ModelNotFound
 from ..model.precision import AUTO, PrecisionError
 from ..model.registry import HUB_ALIASES
@@ -26,6 +26,7 @@ from .ports import port_problem
 from .workers import default_workers, serve_in_workers
 
 
+MAX_PORT = 65535
 EPILOG = ("It prints its configuration, then one `parakeet-serve ready: ...` line. Ctrl-C (or SIGTERM) stops taking "
           "streams and lets active ones finish; a second Ctrl-C stops at once.")
 
@@ -44,10 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="parakeet-serve", description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: everywhere)")
-    p.add_argument("--port", type=int, default=8765, help="raw TCP port, newline-delimited JSON (0: any free)")
-    p.add_argument("--ws-port", type=int, default=8000,
+    p.add_argument("--port", type=_port, default=8765, help="raw TCP port, newline-delimited JSON (0: any free)")
+    p.add_argument("--ws-port", type=_port, default=8000,
                    help="WebSocket port: native protocol, /v1/realtime, /v1/listen (0: any free)")
-    p.add_argument("--http-port", type=int, default=8080,
+    p.add_argument("--http-port", type=_port, default=8080,
                    help="HTTP port: the live captions page (open http://HOST:PORT/), /health, /ready, /metrics "
                         "(0: any free)")
     p.add_argument("--grpc-port", type=_grpc_port, default=50051,
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="demo (bundled, understands synthetic speech only), small or large (NVIDIA's, downloaded "
                         "and converted once), a Hugging Face ORG/NAME[@REVISION] or a model folder; "
                         "scripts/serve.sh passes --model small")
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N")
+    p.add_argument("--device", default=AUTO, help="torch device: auto (cuda where torch sees a GPU, else cpu), cpu, "
+                                                  "cuda or cuda:N")
     p.add_argument("--max-num-streams", default="64", type=_slots, help="engine slots: a number or 'auto'")
     p.add_argument("--max-queue", type=int, default=256, help="streams that may wait for a slot")
     p.add_argument("--max-stream-seconds", type=float, default=3600.0, help="seconds of audio per stream (0: no limit)")
@@ -76,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-uploads", type=int, default=8, help="HTTP uploads transcribed at once (more: 429)")
     p.add_argument("--max-upload-seconds", type=float, default=4 * 3600.0, help="longest audio in one HTTP upload")
     p.add_argument("--upload-timeout", type=float, default=600.0, help="seconds for an HTTP upload's body to arrive")
-    p.add_argument("--agent-port", type=int, default=None, help="HAProxy agent-check port (0: any free; default: none)")
+    p.add_argument("--agent-port", type=_port, default=None, help="HAProxy agent-check port (0: any free; default: none)")
     p.add_argument("--agent-weight-unit", type=int, default=1, help="agent weight: 1 point per this many free streams")
     p.add_argument("--api-key", default=None, help="require this key (Bearer header, ?api_key=, TCP first message)")
     p.add_argument("--allowed-origins", default="*", help="comma-separated WebSocket Origins, or *")
@@ -84,13 +86,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes that speak the protocols, beside the engine's (0: all in one process; "
                         "auto: 0 on a CPU, one per four cores on a GPU, at most eight)")
     add_engine_arguments(p)
+    p.add_argument("--check", action="store_true",
+                   help="only check that the ports are free and the device usable, then exit (0: yes, 2: why not)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="what is logged on stderr (info: each connection's open and close, draining)")
     return p
 
 
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 0 <= port <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: ports are 0 (any free one) to {MAX_PORT}")
+    return port
+
+
 def _grpc_port(value: str) -> int | None:
-    return None if value == "off" else int(value)
+    return None if value == "off" else _port(value)
 
 
 def _workers(value: str) -> int | str:
@@ -185,6 +199,8 @@ async def _watch_signals(ctx: ServerContext, scope: trio.CancelScope, outcome: l
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             if ctx.shutdown.is_set():  # a second signal: stop without waiting
+                logging.getLogger(__name__).warning("%s again: stopping now (open connections cut: %d)",
+                                                    signal.Signals(signum).name, ctx.open_sessions)
                 outcome[0] = "not drained"
                 scope.cancel()
                 return
@@ -194,10 +210,18 @@ async def _watch_signals(ctx: ServerContext, scope: trio.CancelScope, outcome: l
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.device = resolve_device(args.device)
     problem = port_problem(args.host, _ports(args))
     if problem:
         print(f"parakeet-serve: error: {problem}", file=sys.stderr)
         return 2
+    if args.check:
+        try:
+            check_device(args.device)
+        except DeviceError as exc:
+            print(f"parakeet-serve: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     single_threaded_host()
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format=log_format())
     try:

@@ -2,9 +2,7 @@
 
 The connection owns what every protocol shares: reading (batches, the message rate, the idle
 timeout), writing, how it ends (error codes and their close policy, a vanished or slow client)
-and the drain at shutdown. It logs one line when it opens and one when it closes, on the
-`parakeet_stream.connections` logger (an access log: silence it on its own with
-`logging.getLogger("parakeet_stream.connections").setLevel(...)`).
+and the drain at shutdown. It logs one line when it opens and one when it closes (access.py).
 
 Writing: the session never awaits a send. Whatever it decides (a transition of its state, on a
 client message in the reader or on engine news in the writer) it posts the messages that go
@@ -26,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import wire
+from . import access, wire
 from .channel import Channel, ChannelClosed, SlowConsumer
 from .codes import ProtocolError
 from .guard import MAX_BATCH_MESSAGES, OUTBOX_BYTES, TokenBucket, message_units
+from .segments import State
 from .wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
     from .protocol import Protocol
 
 log = logging.getLogger(__name__)
-access = logging.getLogger("parakeet_stream.connections")
 
 SILENT_ENDS = ("vanished", "slow_consumer")  # nothing can be sent after these
 
@@ -50,6 +48,7 @@ class Connection:
         self.session = protocol.session(self, options)
         self.segments = self.session.segments
         self.end_reason: str | None = None
+        self._peer_gone = False  # the client closed its side: nothing more can reach it
         self._outbox: deque[bytes] = deque()
         self.outbox_bytes = 0
         self._sent = Wakeup()  # the writer sent what the outbox held
@@ -61,8 +60,7 @@ class Connection:
     async def run(self, first: str | None = None) -> None:
         """Serve until the connection ends; `first`: a message the handshake already read."""
         ctx, channel, label = self.ctx, self.channel, self.protocol.metric
-        where = f"peer={channel.peer} door={channel.door} protocol={self.protocol.name}"
-        access.info("connection open %s", where)
+        where = access.opened(channel.peer, channel.door, self.protocol.name)
         ctx.open_sessions += 1
         ctx.metrics.connections.labels(label).inc()
         try:
@@ -81,10 +79,11 @@ class Connection:
             ctx.open_sessions -= 1
             ctx.connection_closed.set()
             ctx.metrics.connections.labels(label).dec()
-            access.info(
-                "connection closed %s reason=%s audio_s=%.1f results=%d",
-                where, self.end_reason or "vanished", self.segments.received_seconds, self.session.results_sent,
-            )
+            access.closed(where, self._reason(), self.segments.received_seconds, self.session.results_sent)
+
+    def _reason(self) -> str:
+        """Why it ended; no reason given: it was cut by the server stopping without waiting."""
+        return self.end_reason or ("server_shutdown" if self.ctx.shutdown.is_set() else "vanished")
 
     def end(self, reason: str, message: dict | None = None) -> None:
         """End the connection (the first reason wins); `message` is sent last, before closing."""
@@ -125,8 +124,9 @@ class Connection:
     def _ends_on_errors(self) -> Iterator[None]:
         try:
             yield
-        except ChannelClosed:
-            self.end("vanished")
+        except ChannelClosed:  # the client left: done, or in the middle of a segment
+            self._peer_gone = True
+            self.end("completed" if self.segments.state is State.IDLE and not self.segments.holding else "vanished")
         except SlowConsumer:
             self.end("slow_consumer")
         except ProtocolError as exc:
@@ -199,8 +199,8 @@ class Connection:
         self._sent.set()
 
     async def _close(self) -> None:
-        reason = self.end_reason or "vanished"
-        if reason in SILENT_ENDS:
+        reason = self._reason()
+        if reason in SILENT_ENDS or self._peer_gone:
             await self.channel.abort()
             return
         try:

@@ -9,7 +9,7 @@ from .channel import (
     ChannelClosed,
     SlowConsumer,
     half_close_and_drain,
-    peer_name,
+    socket_peer,
     socket_state,
 )
 from .codes import ProtocolError
@@ -26,10 +26,7 @@ class TcpChannel:
         self._buffer = bytearray()
         self._scanned = 0  # bytes of _buffer known to hold no newline
         self._send_lock = trio.Lock()
-        try:
-            self.peer = peer_name(*stream.socket.getpeername()[:2])
-        except OSError:  # already reset
-            self.peer = "?"
+        self.peer = socket_peer(stream)
 
     async def receive(self, max_line: int | None = None) -> str:
         """The next non-empty line; `max_line`: a lower limit than the channel's for this one."""

@@ -122,8 +122,12 @@ def _supervise(workers: list[_Worker], argv: list[str], env: dict[str, str], fds
     passed = 0
     while True:
         if len(signals) > passed:
+            name = signal.Signals(signals[-1]).name
+            if passed:
+                log.warning("%s again: the workers stop now, cutting their connections", name)
+            else:
+                log.info("%s: draining %d workers", name, len(workers))
             passed = len(signals)
-            log.info("%s: draining %d workers", signal.Signals(signals[-1]).name, len(workers))
             for worker in workers:
                 if worker.proc.poll() is None:
                     worker.proc.send_signal(signal.SIGTERM)

@@ -29,6 +29,7 @@ from ..engine.options import add_engine_arguments, engine_options
 from ..engine.phrases import MAX_WEIGHT, Phrase, PhraseError, boosting_tree, check_phrases
 from ..engine.policy import bulk_lookahead
 from ..host import single_threaded_host
+from ..model.device import AUTO, resolve_device
 from ..model.errors import ModelNotFound
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
@@ -112,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="demo",
                     help="demo, small, large, a Hugging Face ORG/NAME[@REVISION] (downloaded and converted once) "
                          "or a model folder (default: demo)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                    help="torch device: cpu, cuda or cuda:N (default: cuda where available, else cpu)")
+    ap.add_argument("--device", default=AUTO,
+                    help="torch device: auto (cuda where torch sees a GPU, else cpu; the default), cpu, cuda or cuda:N")
     ap.add_argument("--offline", action="store_true", help="whole-utterance forward instead of streaming")
     ap.add_argument("--json", action="store_true", help="one JSON object per file per line (--format json)")
     ap.add_argument("--format", choices=FORMATS, default=None,
@@ -129,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
                          f"(above 0, at most {MAX_WEIGHT:g}; default 1: the default boost, 2 twice it)")
     add_engine_arguments(ap)
     args = ap.parse_args(argv)
+    args.device = resolve_device(args.device)
     single_threaded_host()
+    if args.model == "demo":
+        print("parakeet-transcribe: the demo model understands synthetic speech only (espeak-ng, flite, festival); "
+              "--model small transcribes real speech", file=sys.stderr)
     args.format = args.format or ("json" if args.json else "txt")
     if problem := output_problem(args):
         print(f"parakeet-transcribe: error: {problem}", file=sys.stderr)

@@ -96,7 +96,7 @@ def _open_container(file: BinaryIO | str) -> sf.SoundFile:
     try:
         return sf.SoundFile(file)
     except (sf.LibsndfileError, RuntimeError) as exc:
-        raise audio.AudioError(f"not an audio file this server reads ({_reason(exc)}): send {SUPPORTED}") from None
+        raise audio.AudioError(f"not an audio file parakeet-stream reads ({_reason(exc)}): send {SUPPORTED}") from None
 
 
 def _head(file: BinaryIO | str) -> bytes:

@@ -15,7 +15,8 @@ from urllib.parse import parse_qsl, urlsplit
 import h11
 import trio
 
-from ..channel import RECEIVE_BYTES, half_close_and_drain
+from .. import access
+from ..channel import RECEIVE_BYTES, half_close_and_drain, socket_peer
 from ..context import ServerContext
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ class Exchange:
         self.params = tuple(parse_qsl(query, keep_blank_values=True))  # every parameter, repeated and empty ones too
         self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in request.headers}
         self.responded = False
+        self.audio_seconds = 0.0  # transcribed (the access log's)
+        self.results = 0  # engine results taken
 
     def check_length(self, limit: int) -> None:
         """413 from the head alone when Content-Length (a number: h11 checked) passes `limit`."""
@@ -169,15 +172,21 @@ async def serve_upload(
     """Answer one upload with its API module's `handle`; a refusal in its shape (`refuse`), a bug
     as a 500 in that shape too; then drain what the client still sends."""
     exchange = Exchange(ctx, conn, stream, request)
+    where, reason = access.opened(socket_peer(stream), "http", api.PROTOCOL), "vanished"
     try:
         await api.handle(ctx, exchange)
+        reason = "completed"
     except UploadError as exc:
+        reason = exc.code
         ctx.metrics.error(exc.code)
         await api.refuse(exchange, exc)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         raise  # the client left or stopped reading: there is nobody to answer
     except Exception:
+        reason = "internal_error"
         log.exception("upload handler failed")
         ctx.metrics.error("internal_error")
         await api.refuse(exchange, UploadError(500, "internal_error", "internal server error"))
+    finally:
+        access.closed(where, reason, exchange.audio_seconds, exchange.results)
     await exchange.finish()

@@ -19,7 +19,7 @@ from ...engine.phrases import Phrase, PhraseError
 from ..context import ServerContext
 from ..guard import backlog_samples, key_ok
 from .decode import AudioReader
-from .exchange import UploadError
+from .exchange import Exchange, UploadError
 from .feed import feed_file, in_worker_thread
 from .spool import Spool
 from .transcript import FileTranscript, TranscriptBuilder
@@ -66,20 +66,22 @@ async def open_audio(ctx: ServerContext, spool: Spool, encoding: str | None = No
 
 
 async def transcribe(
-    ctx: ServerContext,
+    exchange: Exchange,
     reader: AudioReader,
     protocol: str,
     on_text: Callable[[str], Awaitable[None]] | None = None,
     phrases: tuple[Phrase, ...] = (),
 ) -> FileTranscript:
     """Transcribe the whole file, boosting `phrases`; `on_text` gets each new piece of text as it
-    is decoded."""
+    is decoded. The exchange keeps the audio seconds and results for the access log."""
+    ctx = exchange.ctx
     engine = ctx.engine
     builder = TranscriptBuilder(engine.info)
     cap = int(ctx.config.max_upload_seconds * engine.info.sample_rate)  # a header may understate the length
     read = in_worker_thread(_capped(reader.read, cap))
 
     async def on_result(result) -> None:
+        exchange.results += 1
         delta = builder.add(result)
         if on_text is not None and delta:
             await on_text(delta)
@@ -94,6 +96,7 @@ async def transcribe(
     except AudioError as exc:
         raise UploadError(400, "invalid_audio", str(exc), "file") from None
     transcript = builder.finish(samples)
+    exchange.audio_seconds = transcript.duration
     if transcript.error:
         raise UploadError(500, "inference_error", "inference failed for this file")
     return transcript

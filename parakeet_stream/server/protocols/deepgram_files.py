@@ -111,7 +111,7 @@ def _invalid(message: str) -> UploadError:
 
 
 async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Options, spool: Spool) -> None:
-    transcript = await transcribe(ctx, reader, PROTOCOL, phrases=options.phrases)
+    transcript = await transcribe(exchange, reader, PROTOCOL, phrases=options.phrases)
     body = response(ctx, transcript, options, spool.sha256, str(uuid.uuid4()))
     await exchange.respond(200, wire.dumps(body), JSON)
 

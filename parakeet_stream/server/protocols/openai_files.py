@@ -110,7 +110,7 @@ def _one(fields: dict[str, list[str]], name: str, default: str) -> str:
 
 
 async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Options) -> None:
-    transcript = await transcribe(ctx, reader, PROTOCOL, phrases=options.phrases)
+    transcript = await transcribe(exchange, reader, PROTOCOL, phrases=options.phrases)
     await exchange.respond(200, render(transcript, options), FORMATS[options.response_format])
 
 
@@ -123,7 +123,7 @@ async def _stream(ctx: ServerContext, exchange: Exchange, reader, options: Optio
             await exchange.open_events()
         await exchange.send_event(wire.dumps({"type": "transcript.text.delta", "delta": text}))
 
-    transcript = await transcribe(ctx, reader, PROTOCOL, delta, options.phrases)
+    transcript = await transcribe(exchange, reader, PROTOCOL, delta, options.phrases)
     if not exchange.responded:
         await exchange.open_events()
     await exchange.send_event(wire.dumps({"type": "transcript.text.done", "text": transcript.text}))

@@ -28,6 +28,7 @@ class OfflineCall:
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
         self.stream: RivaStream | None = None
+        self.results_sent = 0
 
     async def run(self, request: rasr.RecognizeRequest) -> rasr.RecognizeResponse:
         options = parse_config(request.config)
@@ -51,6 +52,7 @@ class OfflineCall:
         finally:
             feeder.cancel()
             self.stream.release()
+        self.results_sent = len(results)
         return rasr.RecognizeResponse(results=results, id=request.id if request.HasField("id") else None)
 
     def on_drain(self) -> None:

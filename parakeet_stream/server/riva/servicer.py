@@ -7,12 +7,14 @@ logged, and answered INTERNAL. The calls in progress are kept so that the drain 
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import PurePath
 
 from riva.client.proto import riva_asr_pb2 as rasr
 from riva.client.proto.riva_asr_pb2_grpc import RivaSpeechRecognitionServicer
 
+from .. import access
 from ..context import ServerContext
 from ..guard import bearer_token, key_ok
 from .errors import SHUTTING_DOWN, RivaError
@@ -97,12 +99,23 @@ class RivaServicer(RivaSpeechRecognitionServicer):
         connections = self.ctx.metrics.connections.labels(PROTOCOL)
         connections.inc()
         self.calls.add(call)
+        where, reason = access.opened(_peer(context.peer()), "grpc", PROTOCOL), "internal_error"
         try:
-            return await run()
+            answer = await run()
+            reason = "completed"
+            return answer
+        except RivaError as exc:
+            reason = exc.code
+            raise
+        except asyncio.CancelledError:  # the client cancelled the call, or left
+            reason = "server_shutdown" if self.state.draining else "vanished"
+            raise
         finally:
             self.calls.discard(call)
             connections.dec()
             self.state.leave()
+            audio = call.stream.received_seconds if call.stream is not None else 0.0
+            access.closed(where, reason, audio, call.results_sent)
 
     async def _list_models(self, context, request) -> rasr.RivaSpeechRecognitionConfigResponse:
         self._authorize(context)
@@ -121,6 +134,11 @@ class RivaServicer(RivaSpeechRecognitionServicer):
     async def _abort(self, context, exc: RivaError) -> None:
         self.ctx.metrics.error(exc.code)
         await context.abort(exc.status, exc.message)
+
+
+def _peer(peer: str) -> str:
+    """gRPC's "ipv4:127.0.0.1:5000" / "ipv6:[::1]:5000" as the other doors write a peer."""
+    return peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
 
 
 def model_name(model: str) -> str:

@@ -39,6 +39,7 @@ class StreamingCall:
         self._audio: AudioInput | None = None
         self._transcript: Transcript | None = None  # once the config came
         self._request_id = None
+        self.results_sent = 0
 
     async def run(self) -> None:
         # The engine stream (a slot or a queue place) comes first, as a connection's does on the
@@ -145,6 +146,7 @@ class StreamingCall:
             stability=0.0 if piece.is_final else STABLE, audio_processed=piece.audio_processed,
         )
         response = rasr.StreamingRecognizeResponse(results=[result], id=self._request_id)
+        self.results_sent += 1
         try:
             await asyncio.wait_for(self.context.write(response), self.config.send_timeout)
         except asyncio.TimeoutError:
