@@ -26,8 +26,12 @@ def main(path: str, server: str = "ws://127.0.0.1:8000", key: str = "unused") ->
         model="nova-3", encoding="linear16", sample_rate=rate, interim_results="true", utterance_end_ms="1000"
     ) as socket:
         threading.Thread(target=send_paced, args=(socket, pcm, rate), daemon=True).start()
+        complete = False
         for message in socket:  # until the server closes after Metadata
             show(message)
+            complete = complete or message.type == "Metadata"
+    if not complete:
+        sys.exit("the connection ended before its Metadata: the transcript above is incomplete")
 
 
 def send_paced(socket, pcm: bytes, rate: int) -> None:

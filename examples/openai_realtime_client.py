@@ -54,6 +54,8 @@ async def transcribe(path: str, base_url: str = "ws://127.0.0.1:8000/v1") -> Non
                 break
             elif event.type == "error":
                 sys.exit(f"error: {event.error.message}")
+        else:
+            sys.exit("\nthe connection ended without the completed transcript: the text above is incomplete")
 
 
 asyncio.run(transcribe(*sys.argv[1:3]))

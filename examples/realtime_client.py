@@ -53,6 +53,8 @@ async def stream_audio_file(audio_path: str, server_url: str = "ws://localhost:8
                 print(data["delta"], end="", flush=True)
             elif data["type"] == "transcription.done":
                 break
+        else:
+            sys.exit("\nthe connection ended without transcription.done: the text above is incomplete")
 
 
 asyncio.run(stream_audio_file(*sys.argv[1:3]))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import behind_service, pcm16_exact, run_stream, tokens_of
+from helpers import engine_reached, pcm16_exact, run_stream, tokens_of
 
 from parakeet_stream.audio import read_audio
 from parakeet_stream.engine import ASREngine
@@ -80,12 +80,8 @@ def either_engine(request, tiny_model_dir):
     """The module's engine in this process, then the same behind the engine client API (as a
     worker process of `parakeet-serve --workers N` reaches it): a module that names its `engine`
     this runs every test both ways."""
-    with ASREngine(tiny_model_dir, max_num_streams=4, max_queue=4) as e:
-        if request.param == "in-process":
-            yield e
-        else:
-            with behind_service(e) as client:
-                yield client
+    with engine_reached(request.param, tiny_model_dir, max_num_streams=4, max_queue=4) as e:
+        yield e
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,17 @@ def behind_service(engine: ASREngine) -> Iterator[EngineClient]:
             service.close()
 
 
+@contextmanager
+def engine_reached(where: str, model_dir: Path, **options) -> Iterator[ASREngine | EngineClient]:
+    """An ASREngine ("in-process"), or the same behind the engine client API ("engine-process")."""
+    with ASREngine(model_dir, **options) as engine:
+        if where == "in-process":
+            yield engine
+        else:
+            with behind_service(engine) as client:
+                yield client
+
+
 def collect_until_final(engine: ASREngine, sid: int, timeout: float = 60.0) -> list[StreamResult]:
     out: list[StreamResult] = []
     waited = 0.0

@@ -5,7 +5,7 @@ import pytest
 import trio
 from helpers import (
     audio_messages,
-    behind_service,
+    engine_reached,
     pcm16_exact,
     Raw,
     result_tokens,
@@ -15,18 +15,12 @@ from helpers import (
     url,
 )
 
-from parakeet_stream.engine import ASREngine
-
 
 @pytest.fixture(params=["in-process", "engine-process"])
 def two_slots(tiny_model_dir, request):
     """Two slots, three queue places; in this process, and behind the engine client API."""
-    with ASREngine(tiny_model_dir, max_num_streams=2, max_queue=3) as e:
-        if request.param == "in-process":
-            yield e
-        else:
-            with behind_service(e) as client:
-                yield client
+    with engine_reached(request.param, tiny_model_dir, max_num_streams=2, max_queue=3) as e:
+        yield e
 
 
 async def test_waiting_clients_see_positions_fall_and_are_all_served(two_slots, wavs):

@@ -12,9 +12,24 @@ import time
 from contextlib import AsyncExitStack
 
 import pytest
+import riva.client as riva_client
 import trio
-from helpers import Raw, Server, assert_clean_log, audio_messages, http_get, metric, result_tokens, transcribe_raw, wait_until
+from helpers import (
+    Raw,
+    Server,
+    assert_clean_log,
+    audio_file,
+    audio_messages,
+    http_get,
+    metric,
+    multipart,
+    post,
+    result_tokens,
+    transcribe_raw,
+    wait_until,
+)
 
+from parakeet_stream.client import encode_audio
 from parakeet_stream.server.cli import build_parser
 from parakeet_stream.server.workers import default_workers
 
@@ -144,3 +159,35 @@ def test_workers_flag_and_its_default():
         build_parser().parse_args(["--workers", "-1"])
     assert default_workers("cpu", 64) == 0
     assert [default_workers("cuda", cores) for cores in (2, 16, 64)] == [1, 4, 8]
+
+
+async def test_grpc_uploads_and_the_agent_are_served_by_the_workers(tiny_model_dir, tmp_path, sentence):
+    server = Server(tiny_model_dir, tmp_path / "server.log", "--workers", "2", "--dtype", "float32", "--agent-port", "0")
+    try:
+        pcm = encode_audio(sentence, "pcm16")
+        config = riva_client.StreamingRecognitionConfig(
+            config=riva_client.RecognitionConfig(encoding=riva_client.AudioEncoding.LINEAR_PCM,
+                                                 sample_rate_hertz=16000, language_code="en-US"))
+        asr = riva_client.ASRService(riva_client.Auth(uri=f"127.0.0.1:{server.ports['grpc']}", use_ssl=False))
+        for _ in range(4):  # calls land on either worker (they share the port)
+            responses = await trio.to_thread.run_sync(
+                lambda: list(asr.streaming_response_generator([pcm[i:i + 3200] for i in range(0, len(pcm), 3200)],
+                                                              config)))
+            text = "".join(r.alternatives[0].transcript for resp in responses for r in resp.results if r.is_final)
+            assert text.strip() == (await transcribe_text(server, sentence))
+        answer = await post(server.ports["http"], "/v1/audio/transcriptions",
+                            multipart({"model": "whisper-1", "response_format": "text"}, audio_file(sentence)),
+                            "multipart/form-data; boundary=b0undary")
+        assert answer.status == 200 and answer.body.decode().strip() == await transcribe_text(server, sentence)
+        stream = await trio.open_tcp_stream("127.0.0.1", server.ports["agent"])
+        async with stream:
+            line = await stream.receive_some(100)
+        assert re.fullmatch(rb"up ready \d+%\n", line)
+        assert_clean_log(server.log())
+    finally:
+        server.close()
+
+
+async def transcribe_text(server: Server, samples) -> str:
+    results = await transcribe_raw(server.url("tcp"), samples)
+    return " ".join(results[-1]["text"].split())

@@ -30,7 +30,11 @@ from .results import Outbox, StreamResult
 from .service import READ_BYTES, SOCKET_BUFFER
 from .step import StepTotals
 
-ANSWER_TIMEOUT = 10.0  # seconds an answer may take before the engine counts as gone
+# seconds an answer may take: a stream's opening fails after OPEN_TIMEOUT; a figure (stats,
+# health) falls back to the last answer after FIGURE_TIMEOUT, so that a busy engine never holds a
+# worker's doors (the caller's event loop) for long
+OPEN_TIMEOUT = 5.0
+FIGURE_TIMEOUT = 0.5
 FIGURES = ("stats", "totals", "latency", "healthy")
 
 
@@ -60,7 +64,7 @@ class EngineClient:
         self._figures = {what: None for what in FIGURES}
         threading.Thread(target=self._read, name="engine-client", daemon=True).start()
         for what in FIGURES:  # known before the engine could go away
-            self._ask(what)
+            self._figures[what] = self._call(lambda ref, what=what: Ask(ref, what), OPEN_TIMEOUT).value
 
     @classmethod
     def connect(cls, path: str, on_lost: Callable[[], None] | None = None) -> EngineClient:
@@ -79,7 +83,7 @@ class EngineClient:
         if lookahead is not None:
             lookahead = tuple(lookahead)
         rows = [(p.text, p.weight, p.hint) for p in phrases]
-        answer = self._call(lambda ref: Open(ref, lookahead, bulk, rows))
+        answer = self._call(lambda ref: Open(ref, lookahead, bulk, rows), OPEN_TIMEOUT)
         if isinstance(answer, Refused):
             if answer.code == "queue_full":
                 raise QueueFull()
@@ -152,18 +156,18 @@ class EngineClient:
         """The engine's answer, or (the engine gone) its last one."""
         if self._alive:
             with contextlib.suppress(EngineError):
-                self._figures[what] = self._call(lambda ref: Ask(ref, what)).value
+                self._figures[what] = self._call(lambda ref: Ask(ref, what), FIGURE_TIMEOUT).value
         return self._figures[what]
 
     # -- the socket -----------------------------------------------------------------------
-    def _call(self, make: Callable[[int], object]) -> Opened | Refused | Answer:
+    def _call(self, make: Callable[[int], object], timeout: float) -> Opened | Refused | Answer:
         ref, done, box = next(self._refs), threading.Event(), []
         with self._lock:
             self._asked[ref] = (done, box)
         try:
             self._send(make(ref))
-            if not done.wait(ANSWER_TIMEOUT) or not box:
-                raise EngineError("inference_error", "the engine is gone")
+            if not done.wait(timeout) or not box:
+                raise EngineError("inference_error", "the engine did not answer")
             return box[0]
         finally:
             with self._lock:
@@ -218,6 +222,8 @@ class EngineClient:
         if done is not None:
             box.append(message)
             done.set()
+        elif isinstance(message, Opened):  # its caller gave up waiting: nobody will use it
+            self.cancel(message.sid)
 
     def _lost(self) -> None:
         """The engine went away: every open stream ends with an error, every caller waiting is told."""
