@@ -297,3 +297,25 @@ def test_serve_sh_checks_the_ports_before_any_download(hub, tmp_path):
     assert done.stderr.strip() == (f"parakeet-serve: error: port {port} on 127.0.0.1 is already in use by another "
                                    "program: pick another with --port PORT (0: any free port)")
     assert not hub.requests
+
+
+@pytest.mark.parametrize("index", ["", "https://download.pytorch.org/whl/cpu"])
+def test_serve_sh_installs_torch_from_the_index_it_is_given(tmp_path, index):
+    """serve.sh in a copy of the tree whose .venv holds stand-ins that record their arguments
+    (this machine reaches no index but its own mirror): PARAKEET_TORCH_INDEX becomes pip's
+    --index-url for torch alone."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "serve.sh").write_text((ROOT / "scripts" / "serve.sh").read_text())
+    bin_ = tmp_path / ".venv" / "bin"
+    bin_.mkdir(parents=True)
+    for tool in ("python", "pip", "parakeet-serve"):
+        (bin_ / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "{tmp_path}/calls"\n')
+        (bin_ / tool).chmod(0o755)
+    (tmp_path / "pyproject.toml").write_text("")  # newer than parakeet-serve: serve.sh installs
+    os.utime(bin_ / "parakeet-serve", (0, 0))
+    env = {**os.environ, "PARAKEET_TORCH_INDEX": index}
+    subprocess.run(["bash", str(tmp_path / "scripts" / "serve.sh"), "--model", "demo"], env=env, check=True,
+                   timeout=60)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    torch_line = f"pip install -q torch==2.13.0 --index-url {index}" if index else "pip install -q torch==2.13.0"
+    assert calls == [torch_line, "pip install -q -e .", "parakeet-serve --model demo"]
