@@ -59,12 +59,12 @@ from parakeet_stream.tools.convert import convert  # noqa: E402
 
 LOADGEN = ROOT / "benchmarks" / "vs_parakeet_streaming" / "loadgen.py"
 LAG_S = 0.32  # the capacity line: p95 finalization lag
-FULL = {"device": "cuda", "model": "large", "dtype": "bfloat16", "lookahead": "70,1", "slots": "auto",
+FULL = {"device": "cuda", "model": "large", "dtype": "bfloat16", "lookahead": "70,1", "slots": "auto", "workers": "auto",
         "levels": (64, 128, 256, 512, 1024, 1536, 2048), "seconds": 8.0, "procs": 8,
         "batches": (1, 16, 64, 256, 512, 1024), "graph_streams": 16, "among": (15, 255),
         "tests": ["tests/test_cuda.py", "tests/test_precision.py::test_cuda_engine_matches_cpu_tokens"],
         "precisions": ("float32", "bfloat16", "float16")}
-DRY = {"device": "cpu", "model": "nemotron_tiny", "dtype": "float32", "lookahead": "70,1", "slots": "8",
+DRY = {"device": "cpu", "model": "nemotron_tiny", "dtype": "float32", "lookahead": "70,1", "slots": "8", "workers": "1",
        "levels": (2, 4), "seconds": 2.0, "procs": 2, "batches": (1, 2), "graph_streams": 4, "among": (3,),
        "tests": ["tests/test_cuda.py"], "precisions": ("float32",)}
 
@@ -133,11 +133,14 @@ class Server:
     def __init__(self, model: Path, settings: dict, log: Path):
         cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", str(model), "--device", settings["device"],
                "--dtype", settings["dtype"], "--lookahead", settings["lookahead"], "--max-num-streams", settings["slots"],
-               "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "off"]
+               "--workers", settings["workers"], "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "off"]
         start = time.monotonic()
         self.log = open(log, "w")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.workers = 0
         for line in self.proc.stdout:
+            if line.strip().startswith("workers = "):  # "workers = auto (4)" or "workers = 2"
+                self.workers = int(re.findall(r"\d+", line)[-1])
             if line.startswith("parakeet-serve ready:"):
                 break
         else:
@@ -151,9 +154,11 @@ class Server:
         with urllib.request.urlopen(self.http + "/health", timeout=10) as r:
             return json.load(r)
 
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU seconds of the engine's process and of its worker processes (--workers)."""
+        children = [int(c) for task in Path(f"/proc/{self.proc.pid}/task").iterdir()
+                    for c in (task / "children").read_text().split()]
+        return _cpu(self.proc.pid), sum(_cpu(pid) for pid in children)
 
     def rss_mib(self) -> float:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
@@ -203,13 +208,22 @@ class GpuSampler:
         return {"gpu_busy_pct": round(float(np.mean(self.busy)), 1), "gpu_memory_gib": round(max(self.memory), 1)}
 
 
+def _cpu(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # exited meanwhile
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load_level(server: Server, wav: Path, n: int, settings: dict) -> dict:
     cpu0 = server.cpu_seconds()
     spy = None
     if settings.get("profile"):  # py-spy's raw stacks of every server thread for the level's middle
         spy = subprocess.Popen([settings["profile"], "record", "-r", "100", "-d", str(int(settings["seconds"] * 0.6)),
                                 "-f", "raw", "-o", str(settings["out"].parent / f"server-{n}.txt"), "-p",
-                                str(server.proc.pid), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                str(server.proc.pid), "--nonblocking", "--subprocesses"],  # the workers too
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with GpuSampler() as gpu:
         proc = subprocess.run([sys.executable, str(LOADGEN), "--port", str(server.tcp), "--wav", str(wav),
                                "--clients", str(n), "--procs", str(min(settings["procs"], n)), "--final-wait", "10",
@@ -221,13 +235,15 @@ def load_level(server: Server, wav: Path, n: int, settings: dict) -> dict:
         raise RuntimeError(f"load client failed: {proc.stderr[-1000:]}")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     metrics = summary.pop("server_metrics")
-    cpu = server.cpu_seconds() - cpu0
+    cpu1 = server.cpu_seconds()
+    cpu, workers_cpu = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
     out = {"streams": n, "ok": summary["ok"], "finished": summary["finished"], "errors": summary["errors"][:3],
            "lag_p50_ms": _ms(summary["lag_p50"]), "lag_p95_ms": _ms(summary["lag_p95"]),
            "chunk_p95_ms": _ms(metrics["chunk_p95"]), "steps": metrics["steps"],
            "chunks_per_step": round(metrics["chunks_per_step"] or 0, 1),
            "ms_per_step": {k[len("ms_per_step_"):]: round(v, 1) for k, v in metrics.items() if k.startswith("ms_per_step_")},
            "server_cpu_s": round(cpu, 1), "server_cpu_us_per_chunk": round(1e6 * cpu / max(metrics["chunks"], 1)),
+           "workers_cpu_s": round(workers_cpu, 2),
            "client_cpu_s": round(summary["client_cpu_s"], 1), "rss_mib": round(server.rss_mib())}
     return out | gpu.figures()
 
@@ -266,6 +282,7 @@ def serve(report: Report, model: Path, settings: dict, work: Path) -> None:
         server = Server(model, settings, work / "server.log")
         health = server.health()
         rec |= {"ready_seconds": round(server.ready_seconds, 1), "engine_start": health.get("start"),
+                "workers": server.workers,
                 "slots": health.get("max_num_streams"), "precision": health.get("precision")}
     if server is None:
         return
@@ -463,14 +480,17 @@ def markdown(parts: dict) -> str:
     lines = [f"GPU check: {m.get('gpu', m.get('device'))}, {m.get('memory_gib', '-')} GiB, torch {m.get('torch')} "
              f"(CUDA {m.get('cuda')}), conditional nodes: {m.get('conditional_nodes', '-')}; model "
              f"{parts.get('model', {}).get('model')}; server ready in {start.get('ready_seconds')} s "
-             f"(engine {start.get('engine_start')}), slots {start.get('slots')}", "", verdict(parts), "",
+             f"(engine {start.get('engine_start')}), slots {start.get('slots')}, worker processes "
+             f"{start.get('workers')}", "", verdict(parts), "",
              "| streams | held | lag p50 / p95 (ms) | chunk p95 (ms) | steps | chunks per step | ms per step "
-             "| server CPU per chunk (us) | GPU busy | RSS (MiB) | GPU memory (GiB) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| engine process CPU per chunk (us) | workers' CPU (s) | GPU busy | RSS (MiB) | GPU memory (GiB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in parts.get("capacity", {}).get("levels", []):
         lines.append(f"| {r['streams']} | {'yes' if r['ok'] else 'no'} | {r['lag_p50_ms']} / {r['lag_p95_ms']} "
                      f"| {r['chunk_p95_ms']} | {r['steps']:.0f} | {r['chunks_per_step']} | "
                      + ", ".join(f"{k} {v}" for k, v in r["ms_per_step"].items())
-                     + f" | {r['server_cpu_us_per_chunk']} | {r.get('gpu_busy_pct', '-')}% | {r['rss_mib']} "
+                     + f" | {r['server_cpu_us_per_chunk']} | {r.get('workers_cpu_s', '-')} | {r.get('gpu_busy_pct', '-')}% "
+                     f"| {r['rss_mib']} "
                      f"| {r.get('gpu_memory_gib', '-')} |")
     ceil = parts.get("ceiling", {})
     if ceil.get("ok"):

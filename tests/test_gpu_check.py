@@ -24,9 +24,11 @@ def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
     assert report["dry_run"] and not [name for name, rec in parts.items() if not rec["ok"]]
     start, capacity = parts["server start"], parts["capacity"]
     assert start["ready_seconds"] > 0 and start["engine_start"]["cuda_graphs"] == 0  # CPU: no graphs
+    assert start["workers"] == 1  # the doors in a worker process, as on a GPU machine (there: auto)
     levels = capacity["levels"]
     assert [lv["streams"] for lv in levels][:1] == [2] and all(lv["finished"] == lv["streams"] for lv in levels)
     assert all(lv["steps"] > 0 and lv["server_cpu_us_per_chunk"] > 0 and lv["ms_per_step"]["encode"] > 0 for lv in levels)
+    assert sum(lv["workers_cpu_s"] for lv in levels) > 0  # the protocol work, counted apart
     assert capacity["capacity"] in [lv["streams"] for lv in levels if lv["ok"]] + [0]
     assert parts["graphs vs eager"]["equal"] and parts["graphs vs eager"]["eager_calls"] == 0
     assert parts["ceiling"]["step_ms"] and parts["alone vs among float32"]["among 3"]["tokens"] > 0
