@@ -366,3 +366,17 @@ def test_a_machine_slower_than_real_time_still_serves_one_live_stream_at_a_time(
     sch = Scheduler(4, 4, target=0.32, sample_rate=RATE)
     measured(sch, (1, 0.5), (2, 0.9))  # a round of one stream takes 0.5 s of a 0.16 s chunk
     assert [sch.add(seq()) for _ in range(3)] == [True, False, False] and sch.stats()["capacity"] == 1
+
+
+def test_why_streams_wait_is_logged_once_each_time_the_reason_changes(caplog):
+    caplog.set_level("INFO", logger="parakeet_stream.engine.scheduler")
+    sch = Scheduler(3, 3, target=0.32, sample_rate=RATE)
+    measured(sch, (1, 0.060), (2, 0.110))  # 2 live streams
+    assert admit_all(sch, [seq() for _ in range(4)]) == [True, True, False, False]
+    sch._admit_waiting()  # (the scheduling loop's turn)
+    sch._admit_waiting()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["admission: 2 stream(s) wait: the measured step cost serves 2 live streams in real time"]
+    measured(sch, (1, 0.060), (2, 0.110), (3, 0.160))  # still 2: nothing new to say
+    sch._admit_waiting()
+    assert len(caplog.records) == 1

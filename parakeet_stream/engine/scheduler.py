@@ -26,6 +26,7 @@ decide for them.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -35,6 +36,8 @@ from .latency import LatencyTarget
 from .policy import LOADED, SATURATED, Backlog, Ready, StepCost, Timeline, decide
 from .sequence import DEAD, Sequence, Status
 from .step import Step, StepItem
+
+log = logging.getLogger(__name__)
 
 BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
 HEADROOM = SATURATED  # share of a chunk period a round of every live stream may take
@@ -70,6 +73,7 @@ class Scheduler:
         self._admitted = 0  # live streams admitted since the last step was taken back, or PACE
         self._paced_at = 0.0
         self._proven = PROVEN  # the most live streams a step has served in time
+        self._refused: str | None = None  # why the queue's head waits, as last logged
         self._stopped = False
         self._cv = threading.Condition()
 
@@ -282,20 +286,27 @@ class Scheduler:
         return max(1, self.cost.most_streams(HEADROOM * period, self.max_num_streams))
 
     def _admits(self, seq: Sequence) -> bool:
+        return self._refusal(seq) is None
+
+    def _refusal(self, seq: Sequence) -> str | None:
+        """Why `seq` cannot take a slot now (None: it can), in words for the log."""
         if not self.free:
-            return False
+            return "every slot is taken"
         if seq.bulk:
-            return True
+            return None
         live = self._live()
         if len(live) >= self._proven:  # past what has run in time: paced, and held while behind
             now = time.monotonic()
             if now < self._behind_until:
-                return False
+                return f"a live chunk came later than the target: no live admissions for {BEHIND_HOLD:g} s"
             if now - self._paced_at >= PACE:
                 self._paced_at, self._admitted = now, 0
             if self._admitted >= max(RAMP, (len(live) - self._admitted) // 4):  # those running at the last step
-                return False
-        return len(live) < self._capacity(live, seq)
+                return f"past the {self._proven} live streams served in time so far, they are let in a step at a time"
+        capacity = self._capacity(live, seq)
+        if len(live) >= capacity:
+            return f"the measured step cost serves {capacity} live streams in real time"
+        return None
 
     def _admit_waiting(self) -> list[Sequence]:
         """Admit waiting streams, first come first served, while they fit; returns every stream whose
@@ -307,7 +318,15 @@ class Scheduler:
             admitted.append(nxt)
         if admitted:
             self._cv.notify_all()
+        self._tell_why(self._refusal(self.waiting[0]) if self.waiting else None)
         return admitted + (list(self.waiting) if admitted else [])
+
+    def _tell_why(self, refusal: str | None) -> None:
+        """Log why streams wait in the queue, each time the reason changes."""
+        if refusal != self._refused:
+            if refusal is not None:
+                log.info("admission: %d stream(s) wait: %s", len(self.waiting), refusal)
+            self._refused = refusal
 
     def _admit(self, seq: Sequence) -> None:
         if not seq.bulk and len(self._live()) >= self._proven:  # past what ran in time: paced
