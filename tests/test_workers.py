@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import time
 from contextlib import AsyncExitStack
 
@@ -20,16 +21,20 @@ from helpers import (
     assert_clean_log,
     audio_file,
     audio_messages,
+    behind_service,
     http_get,
     metric,
     multipart,
     post,
     result_tokens,
+    run_stream,
+    tokens_of,
     transcribe_raw,
     wait_until,
 )
 
 from parakeet_stream.client import encode_audio
+from parakeet_stream.engine.messages import HEADER, Audio, Framer, FromEngine, Open, Opened
 from parakeet_stream.server.cli import build_parser
 from parakeet_stream.server.workers import default_workers
 
@@ -155,8 +160,9 @@ def _alive(pid: int) -> bool:
 def test_workers_flag_and_its_default():
     assert build_parser().parse_args(["--workers", "3"]).workers == 3
     assert build_parser().parse_args([]).workers == "auto"
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["--workers", "-1"])
+    for bad in ("-1", "abc"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--workers", bad])
     assert default_workers("cpu", 64) == 0
     assert [default_workers("cuda", cores) for cores in (2, 16, 64)] == [1, 4, 8]
 
@@ -191,3 +197,32 @@ async def test_grpc_uploads_and_the_agent_are_served_by_the_workers(tiny_model_d
 async def transcribe_text(server: Server, samples) -> str:
     results = await transcribe_raw(server.url("tcp"), samples)
     return " ".join(results[-1]["text"].split())
+
+
+def test_the_engine_service_refuses_a_bad_message_and_drops_only_a_client_that_sends_no_frames(engine, sentence,
+                                                                                               solo_tokens):
+    """The engine process's socket is this user's only, but a worker with a bug must not take the
+    engine or the other workers down: a message the engine refuses is dropped alone; bytes that are
+    no frame end that client's connection."""
+    with behind_service(engine) as good:
+        path = good._sock.getpeername()
+        framer = Framer(FromEngine)
+        with socket.socket(socket.AF_UNIX) as careless, socket.socket(socket.AF_UNIX) as broken:
+            careless.connect(path)
+            careless.sendall(framer.frame(Audio(10**6, b"abc")))  # 3 bytes: no float32 samples
+            careless.sendall(framer.frame(Open(1, None, False, [])))
+            assert any(isinstance(m, Opened) and m.ref == 1 for m in _messages(careless, framer, Opened))
+            broken.connect(path)
+            broken.sendall(HEADER.pack(5) + b"\xc1\xc1\xc1\xc1\xc1")  # msgpack's never-used byte
+            broken.settimeout(10)
+            while broken.recv(65536):  # until the engine closes it
+                pass
+        assert tokens_of(run_stream(good, sentence)) == solo_tokens
+
+
+def _messages(sock: socket.socket, framer: Framer, until: type) -> list:
+    sock.settimeout(10)
+    seen: list = []
+    while not any(isinstance(m, until) for m in seen):
+        seen += framer.feed(sock.recv(65536))
+    return seen

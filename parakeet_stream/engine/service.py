@@ -103,8 +103,13 @@ class _Client:
             self._send(hello(self.engine))
             while data := self.sock.recv(READ_BYTES):
                 for message in self._framer.feed(data):
-                    self._handle(message)
-        except (OSError, ValueError) as exc:  # the client died, or sent what is no frame
+                    try:
+                        self._handle(message)
+                    except ValueError as exc:  # a message the engine refuses (e.g. samples not float32): that one only
+                        log.warning("engine client: message refused: %s", exc)
+        except ValueError as exc:  # bytes that are no frame: nothing after them can be trusted
+            log.warning("engine client dropped: %s", exc)
+        except OSError as exc:  # the client died
             log.debug("engine client lost: %r", exc)
         finally:
             self._gone()

@@ -110,9 +110,12 @@ def _grpc_port(value: str) -> int | None:
 def _workers(value: str) -> int | str:
     if value == "auto":
         return value
-    count = int(value)
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
     if count < 0:
-        raise argparse.ArgumentTypeError(f"{value}: workers must be 0 or more")
+        raise argparse.ArgumentTypeError(f"{value!r}: a number of worker processes (0 or more) or auto")
     return count
 
 
