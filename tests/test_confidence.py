@@ -20,7 +20,7 @@ from helpers import run_stream
 from test_demo_model import DEMO, FIXTURE, synth
 from test_greedy import random_decoder
 
-from parakeet_stream.model.greedy import GreedyPass, unpack_scored
+from parakeet_stream.model.greedy import GreedyPass, eou_probabilities, unpack_scored
 from parakeet_stream.server.words import WordTracker, transcript_confidence, word_confidence
 
 # Measured on the shipped demo model, streaming, the 40 sentences of tests/fixtures/demo_sentences.json:
@@ -58,6 +58,44 @@ def test_one_probability_per_label_the_joints_softmax_at_its_frame(blank_bias):
             assert probs == pytest.approx(replayed_probabilities(decoder, enc, state, b, stream), abs=1e-5)
             assert probs == pytest.approx([p for _, _, p in fixed[b]], abs=1e-6)
     assert eager[2] == [] and sum(map(len, eager)) > 0
+
+
+def replayed_eou(decoder, enc: torch.Tensor, length: int, state, b: int, eou: int) -> float:
+    """Stream b decoded frame by frame: the highest probability of `eou` over the (frame, state)
+    pairs scored after its last label other than `eou`."""
+    f = decoder.joint.enc(enc[b])
+    h, c, g = state.h[:, b : b + 1], state.c[:, b : b + 1], state.g[b]
+    best, t, symbols = 0.0, 0, 0
+    while t < length:
+        probs = decoder.joint(f[t], g).softmax(-1)
+        best, label = max(best, float(probs[eou])), int(probs.argmax())
+        if label == decoder.blank:
+            t, symbols = t + 1, 0
+            continue
+        best = best if label == eou else 0.0
+        out, (h, c) = decoder.predictor.step(torch.tensor([label]), h, c)
+        g, symbols = decoder.joint.pred(out)[0], symbols + 1
+        if symbols >= decoder.cfg.max_symbols:
+            t, symbols = t + 1, 0
+    return best
+
+
+@pytest.mark.parametrize("blank_bias", [-3.0, 3.0, 6.0])
+def test_end_of_utterance_probability_since_the_last_other_label(blank_bias):
+    decoder, eou = random_decoder(blank_bias), 4
+    gen = torch.Generator().manual_seed(2)
+    enc, lengths = torch.randn(5, 11, 32, generator=gen), torch.tensor([11, 5, 0, 8, 1])
+    with torch.inference_mode():
+        state = decoder.initial_state(5)
+        eager = GreedyPass(decoder, enc, lengths, state, eou=eou).run()
+        fixed = GreedyPass(decoder, enc, lengths, state, eou=eou).run(lambda active: nullcontext())
+        found = eou_probabilities(eager.scored().numpy())
+        expected = [replayed_eou(decoder, enc, int(n), state, b, eou) for b, n in enumerate(lengths)]
+        assert found == pytest.approx(expected, abs=1e-5)
+        assert found == pytest.approx(eou_probabilities(fixed.scored().numpy()), abs=1e-6)
+        assert unpack_scored(eager.scored().numpy()) == unpack_scored(GreedyPass(decoder, enc, lengths, state).run().scored().numpy())
+        assert eou_probabilities(GreedyPass(decoder, enc, lengths, state).run().scored().numpy()) == [0.0] * 5
+    assert found[2] == 0.0 and (blank_bias < 0 or any(p > 0 for p in found)), found
 
 
 def test_a_word_takes_its_lowest_token_a_transcript_the_mean_of_its_words():

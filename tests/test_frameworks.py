@@ -241,6 +241,7 @@ def pipecat_run(run: Run) -> None:
 
 PIPECAT = [
     Case("DeepgramSTTService", RATE, cuts=True),
+    Case("DeepgramFluxSTTService", RATE),  # turns from the model's <EOU>, on /v2/listen
     Case("OpenAIRealtimeSTTService", 24000, cuts=True),  # local VAD: turn_detection=False, the default
     Case("NvidiaSTTService", RATE),
 ]
@@ -292,7 +293,7 @@ def livekit_run(run: Run) -> None:
     asyncio.run(main())
 
 
-LIVEKIT = [Case("deepgram.STT", RATE), Case("openai.STT", 24000), Case("nvidia.STT", RATE)]
+LIVEKIT = [Case("deepgram.STT", RATE), Case("deepgram.STTv2", RATE), Case("openai.STT", 24000), Case("nvidia.STT", RATE)]
 
 
 @pytest.mark.parametrize("case", LIVEKIT, ids=lambda case: case.name)

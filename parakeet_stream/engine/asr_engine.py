@@ -287,7 +287,8 @@ class ASREngine:
             seq = item.seq
             for r, tokens in enumerate(item.tokens):
                 ready = item.ready_times[r] if r < len(item.ready_times) else item.final_at
-                result = self.results.build(seq.stream_id, seq.decoding, tokens, item.frames[r], False, now - ready)
+                result = self.results.build(seq.stream_id, seq.decoding, tokens, item.frames[r], False, now - ready,
+                                            item.eou[r])
                 step.results.append((seq, result))
             if item.last:
                 step.results.append((seq, self.results.build(seq.stream_id, seq.decoding, [], 0, True, None)))

@@ -26,7 +26,7 @@ from ..model.device import to_device
 from ..model.boosting import BoostPool, BoostRows, word_starts
 from ..model.config import Lookahead
 from ..model.conformer import EncoderCache
-from ..model.greedy import GreedyPass, unpack_scored
+from ..model.greedy import GreedyPass, eou_probabilities, unpack_scored
 from ..model.parakeet import ParakeetModel
 from ..model.rnnt import DecoderState
 from . import chunker
@@ -52,6 +52,7 @@ class ModelRunner:
         self.device = model.features.fb.device
         self.slots, self.max_batch = slots, max_batch
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.eou = model.tokenizer.eou_id if model.tokenizer is not None else None
         self.cache, self.decoder_state, self.boost = self.allocate_pools(slots)
         self.streams = StageStreams(self.device, STAGES)
         self.pre_encoders: dict[Lookahead, StaticBatches] = {}
@@ -146,8 +147,9 @@ class ModelRunner:
                 boost = self.boost.rows(batch.slots, slots)
                 packed.append(self._greedy(batch.encoded.float(), batch.lengths, batch.slots, boost=boost))
         for batch, rows in zip(step.batches, self._fetch(packed)):
-            for item, found in zip(batch.items, unpack_scored(rows)):
+            for item, found, eou in zip(batch.items, unpack_scored(rows), eou_probabilities(rows)):
                 item.tokens.append(found)
+                item.eou.append(eou)
 
     # --- internals ---------------------------------------------------------------------------
     def _subsample(self, mode: Lookahead, frames: torch.Tensor, windows: list[Window]) -> torch.Tensor:
@@ -176,7 +178,8 @@ class ModelRunner:
     def _greedy(self, enc, lengths, slots, guard=None, boost: BoostRows | None = None) -> torch.Tensor:
         """The greedy pass of the streams at `slots`, their decoder state (and with `boost` their
         boosting node) carried in the pools; labels with their probabilities (GreedyPass.scored)."""
-        done = GreedyPass(self.model.decoder, enc, lengths, self.decoder_state.gather(slots), boost=boost).run(guard)
+        state = self.decoder_state.gather(slots)
+        done = GreedyPass(self.model.decoder, enc, lengths, state, boost=boost, eou=self.eou).run(guard)
         self.decoder_state.scatter(slots, DecoderState(*done.state()))
         if boost is not None:
             boost.save()

@@ -28,6 +28,10 @@ class StreamResult:
     audio_seconds: float = 0.0
     latency: float | None = None
     error: str | None = None
+    # how sure the model is, at `audio_seconds`, that the utterance is over (in [0, 1]): with <EOU>,
+    # the highest probability it gave <EOU> since its last other token in this result (ResultBuilder);
+    # without, the blank frames after the last token as a share of the endpoint silence
+    end_of_utterance: float = 0.0
 
     def merge(self, later: "StreamResult") -> None:
         """Fold a later result into this one (used when a client falls behind)."""
@@ -42,6 +46,8 @@ class StreamResult:
         self.audio_seconds = later.audio_seconds
         self.latency = later.latency
         self.error = self.error or later.error
+        spoken = later.text.strip()  # its figure counts from its own last word
+        self.end_of_utterance = later.end_of_utterance if spoken else max(self.end_of_utterance, later.end_of_utterance)
 
 
 class DecoderProgress:
@@ -69,26 +75,36 @@ class ResultBuilder:
         self.endpoint_frames = endpoint_frames
 
     def build(self, stream_id: int, progress: DecoderProgress, tokens: list[tuple[int, int]], frames: int,
-              final: bool, latency: float | None) -> StreamResult:
+              final: bool, latency: float | None, eou: float = 0.0) -> StreamResult:
         """tokens: (id, frame within the chunk, probability); frames: encoder frames of the chunk;
-        final: the stream's last result."""
+        final: the stream's last result; eou: the greedy pass's <EOU> probability since the chunk's
+        last other token (models with <EOU>)."""
         ids = [tok for tok, _, _ in tokens]
         at = [progress.frames_decoded + t for _, t, _ in tokens]
         progress.frames_decoded += frames
         text = progress.detok.push(ids) + (progress.detok.flush() if final else "")
+        ended = self._utterance_end(progress, ids, at)
         return StreamResult(
             stream_id=stream_id,
             token_ids=ids,
             text=text,
             is_final=final,
-            utterance_end=self._utterance_end(progress, ids, at),
+            utterance_end=ended,
             start=at[0] * self.fs if at else None,
             end=at[-1] * self.fs if at else None,
             token_times=[f * self.fs for f in at],
             token_confidences=[p for _, _, p in tokens],
             audio_seconds=progress.frames_decoded * self.fs,
             latency=latency,
+            end_of_utterance=eou if self.eou_id is not None else 1.0 if ended else self._silence(progress),
         )
+
+    def _silence(self, progress: DecoderProgress) -> float:
+        """Without <EOU>: the blank frames after the open utterance's last token, as a share of the
+        endpoint silence (1.0 where it ends; 0 with no token since the last end)."""
+        if not progress.utterance_has_tokens:
+            return 0.0
+        return min(1.0, (progress.frames_decoded - 1 - progress.last_token_frame) / max(1, self.endpoint_frames))
 
     def _utterance_end(self, progress: DecoderProgress, ids: list[int], frames: list[int]) -> bool:
         if frames:

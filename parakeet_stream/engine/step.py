@@ -26,6 +26,7 @@ class StepItem:
     samples_upto: int | None  # samples of the stream its chunks need (None: all, in its last step)
     frames: list[int] = field(default_factory=list)  # pre-encode: valid encoder frames per chunk
     tokens: list[list[tuple[int, int, float]]] = field(default_factory=list)  # decode: (id, frame in chunk, probability) per chunk
+    eou: list[float] = field(default_factory=list)  # decode: <EOU>'s probability since the last other token, per chunk
 
     @property
     def live(self) -> bool:

@@ -17,6 +17,11 @@ may choose another one at that frame; each stream's tree node is carried like it
 Rows without phrases have no candidates, so they get the model's own argmax, as without `boost`.
 The confidence stays the model's probability of the label emitted, boosted or not.
 
+With `eou` (the id of a model's end-of-utterance label), the pass also keeps, per stream, the highest
+probability the joint gave that label at any (frame, state) pair it scored after the stream's last
+other label (that label's own frame and those before it drop out): how sure the model is that the
+speaker is done, even where blank still wins (the end-of-turn confidence, server/protocols/flux.py).
+
 Shapes never depend on the data: on a GPU a whole pass is captured in a CUDA graph (the loop
 unrolled to `max_iterations`, each iteration under a conditional node on `active.any()`, see
 engine/cuda_graphs.py); on CPU it runs eagerly until no stream is active.
@@ -42,11 +47,12 @@ class GreedyPass:
     """One greedy pass over a batch of encoder outputs; every field is updated in place."""
 
     def __init__(self, decoder, enc: torch.Tensor, lengths: torch.Tensor, state, window: int | None = None,
-                 boost: BoostRows | None = None):
+                 boost: BoostRows | None = None, eou: int | None = None):
         """decoder: rnnt.GreedyDecoder; enc [B, T, D] (float32), valid frames `lengths` [B] (<= T);
         state: the streams' rnnt.DecoderState before it; `window`: frames scored per stream per
-        iteration (default: up to WINDOW); `boost`: the rows' key phrases (None: none has any)."""
-        self.decoder, self.lengths, self.boost = decoder, lengths, boost
+        iteration (default: up to WINDOW); `boost`: the rows' key phrases (None: none has any);
+        `eou`: the end-of-utterance label whose probability to keep (None: none)."""
+        self.decoder, self.lengths, self.boost, self.eou = decoder, lengths, boost, eou
         self.f = decoder.joint.enc(enc)
         b, frames = self.f.shape[:2]
         self.window = max(1, min(window or WINDOW, frames))
@@ -62,6 +68,7 @@ class GreedyPass:
         self.token = torch.zeros(b, self.max_tokens + 1, dtype=torch.long, device=dev)
         self.frame = torch.zeros_like(self.token)
         self.prob = torch.ones(b, self.max_tokens + 1, dtype=torch.float32, device=dev)
+        self.eou_prob = torch.zeros(b, dtype=torch.float32, device=dev)  # since the last other label
         self.h, self.c, self.g = state.h.clone(), state.c.clone(), state.g.clone()
         self.active = self.t < lengths
 
@@ -93,6 +100,9 @@ class GreedyPass:
         if self.boost is not None:
             label, node = self.boost.choose(scores, label)
             self.boost.node.copy_(torch.where(emit, node, self.boost.node))
+        if self.eou is not None:
+            valid = (self.offsets <= first.unsqueeze(1)) & (at < self.lengths.unsqueeze(1))
+            self.eou_prob.copy_(self._eou_seen(logits, valid, emit & (label != self.eou), self.eou_prob))
         t = self.t + first
         self.symbols.mul_(t == self.t)  # a new frame: its count starts over
         self.token[self.rows, self.count] = label
@@ -128,6 +138,11 @@ class GreedyPass:
         scores = logits[emit, at_first[emit]]
         if self.boost is not None and who.numel():
             label = self.boost.step(scores, label, who)
+        if self.eou is not None:
+            valid = (self.offsets <= first.unsqueeze(1)) & (at < lengths.unsqueeze(1))
+            other = torch.zeros_like(emit)
+            other[emit] = label != self.eou
+            self.eou_prob[rows] = self._eou_seen(logits, valid, other, self.eou_prob[rows])
         at_count = self.count[who]
         self.token[who, at_count], self.frame[who, at_count] = label, t[emit]
         self.prob[who, at_count] = probability(scores, label)
@@ -140,6 +155,14 @@ class GreedyPass:
         self.t[rows], self.symbols[rows] = t, symbols.masked_fill(full, 0)
         self.active[rows] = t < lengths
 
+    def _eou_seen(self, logits: torch.Tensor, valid: torch.Tensor, other: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        """The rows' highest end-of-utterance probability so far: over the `valid` frames of this
+        window (those up to its first label) and `seen`, or 0 where the row emitted another label."""
+        logits = logits.float()
+        p = (logits[..., self.eou] - logits.logsumexp(-1)).exp()
+        best = torch.maximum(seen, torch.where(valid, p, 0.0).amax(1))
+        return torch.where(other, 0.0, best)
+
     def state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(h, c, g) after the pass."""
         return self.h, self.c, self.g
@@ -149,9 +172,9 @@ class GreedyPass:
         return torch.cat((self.count.unsqueeze(1), self.token, self.frame), dim=1).to(torch.int32)
 
     def scored(self) -> torch.Tensor:
-        """[B, 1 + 3 (max_tokens + 1)] int32: packed() and each label's probability (float32 bits);
-        one copy brings a pass and its confidences to the host."""
-        return torch.cat((self.packed(), self.prob.view(torch.int32)), dim=1)
+        """[B, 2 + 3 (max_tokens + 1)] int32: packed(), each label's probability and the stream's
+        end-of-utterance probability (float32 bits); one copy brings a pass and its confidences to the host."""
+        return torch.cat((self.packed(), self.prob.view(torch.int32), self.eou_prob.view(torch.int32).unsqueeze(1)), dim=1)
 
 
 def probability(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
@@ -169,7 +192,13 @@ def unpack(packed: np.ndarray) -> list[list[tuple[int, int]]]:
 
 def unpack_scored(scored: np.ndarray) -> list[list[tuple[int, int, float]]]:
     """GreedyPass.scored() on the host -> [(label, frame, probability)] per stream."""
-    width = (scored.shape[1] - 1) // 3
-    probs = scored[:, 1 + 2 * width :].view(np.float32)
+    width = (scored.shape[1] - 2) // 3
+    probs = scored[:, 1 + 2 * width : -1].view(np.float32)
     return [[(*found, p) for found, p in zip(stream, row.tolist())]
             for stream, row in zip(unpack(scored[:, : 1 + 2 * width]), probs)]
+
+
+def eou_probabilities(scored: np.ndarray) -> list[float]:
+    """GreedyPass.scored() on the host -> each stream's end-of-utterance probability since its last
+    other label (0 without `eou`)."""
+    return scored[:, -1:].view(np.float32)[:, 0].tolist()

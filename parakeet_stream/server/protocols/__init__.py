@@ -8,12 +8,13 @@ entry that accepts its door, path and query: the catch-all native entries come l
 from __future__ import annotations
 
 from ..protocol import Protocol
-from . import deepgram, native, openai_realtime, vllm
+from . import deepgram, flux, native, openai_realtime, vllm
 
 PROTOCOLS: tuple[Protocol, ...] = (
     openai_realtime.PROTOCOL,  # ws /v1/realtime, with intent=transcription or model=... in the URL
     vllm.PROTOCOL,  # ws /v1/realtime
     deepgram.PROTOCOL,  # ws /v1/listen
+    flux.PROTOCOL,  # ws /v2/listen
     native.WEBSOCKET,  # ws, any other path
     native.TCP,  # tcp
 )

@@ -164,20 +164,20 @@ def handshake(ctx: ServerContext, request: Handshake) -> Accept | Refusal:
         return refusal
     try:
         options = parse_options(request.query, request.params)
-        _check_phrases(ctx, options.phrases)
+        check_phrases_for(ctx, options.phrases, "keyterm/keywords")
     except ProtocolError as exc:
         body = {"err_code": "INVALID_QUERY_PARAMETER", "err_msg": exc.message, "request_id": str(uuid.uuid4())}
         return Refusal(400, exc.code, exc.message, body)
     return Accept(options, subprotocol)
 
 
-def _check_phrases(ctx: ServerContext, phrases: tuple[Phrase, ...]) -> None:
+def check_phrases_for(ctx: ServerContext, phrases: tuple[Phrase, ...], names: str) -> None:
     """What the model cannot boost (too many tokens, characters it cannot write) is refused at the
-    handshake, not at the first audio."""
+    handshake, not at the first audio (`names`: the query parameters, for the message)."""
     try:
         ctx.engine.check_phrases(phrases)
     except PhraseError as exc:
-        raise refused(exc, "keyterm/keywords") from None
+        raise refused(exc, names) from None
 
 
 def credentials(headers: dict[str, str], offered: list[str]) -> tuple[str | None, str | None]:

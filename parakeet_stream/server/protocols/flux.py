@@ -1,0 +1,343 @@
+"""`/v2/listen`: Deepgram Flux's turn-taking API, as deepgram-sdk, Pipecat's
+`DeepgramFluxSTTService` and LiveKit's `deepgram.STTv2` speak it.
+
+Binary frames carry audio in the encoding the URL declares; text frames carry `Configure`
+(thresholds mid-stream), `ForceEndTurn` and `CloseStream`. The server answers `Connected`, then
+`TurnInfo` messages whose `event` follows the speaker's turns: `StartOfTurn` at a turn's first
+word, `Update` on every later result, `EagerEndOfTurn` once the end-of-turn confidence reaches
+`eager_eot_threshold` (only when set), `TurnResumed` when words come after that, `EndOfTurn`
+once it reaches `eot_threshold`, or `eot_timeout_ms` of audio after the last word passed
+(`trigger`: model, timeout, manual for `ForceEndTurn` and the end of the stream).
+
+The confidence is the model's: on a model trained with `<EOU>`, the highest probability it gave
+`<EOU>` since the turn's last word (engine `StreamResult.end_of_utterance`); the model's own
+`<EOU>` carries the probability it was emitted with. On a model without it, the trailing silence
+as a share of the engine's endpoint silence. One engine stream serves the connection (a
+`ForceEndTurn` ends it, later audio opens the next), so the words of the turns are the words the
+native protocol gives for the same audio. Every message has the connection's `sequence_id`.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from ... import audio
+from ...engine.phrases import Phrase
+from ..codes import ProtocolError
+from ..protocol import Accept, Handshake, Protocol, Refusal, check_access
+from ..schema import Message, Schema
+from ..segments import State
+from ..session import Session
+from ..wire import decode_bytes, parse_sample_rate
+from ..words import WordTracker, pieces
+from .deepgram import ENCODINGS, check_phrases_for, credentials, parse_phrases
+
+if TYPE_CHECKING:
+    from ...engine import StreamResult
+    from ..connection import Connection
+    from ..context import ServerContext
+    from ..segment import Segment
+
+PATH = "/v2/listen"
+# Deepgram's documented ranges and defaults
+EOT = (0.5, 0.9, 0.7)
+EAGER = (0.3, 0.9)
+TIMEOUT_MS = (500, 10000, 5000)
+# accepted and ignored: billing, labels, formatting our model has no use for (as /v1/listen,
+# unknown names are accepted and logged)
+IGNORED = {"model", "tag", "mip_opt_out", "numerals", "profanity_filter", "language_hint"}
+KNOWN = {"encoding", "sample_rate", "eot_threshold", "eager_eot_threshold", "eot_timeout_ms", "redact", "keyterm",
+         "api_key", *IGNORED}
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Thresholds:
+    eot_threshold: float = EOT[2]
+    eager_eot_threshold: float | None = None  # None: no EagerEndOfTurn
+    eot_timeout_ms: int = TIMEOUT_MS[2]
+
+    def updated(self, eot: float | None, eager: float | None, timeout: float | None) -> Thresholds:
+        """These with the values given (None: kept), checked; ProtocolError names the first wrong one."""
+        new = replace(self)
+        if eot is not None:
+            new.eot_threshold = _within("eot_threshold", eot, *EOT[:2])
+        if eager is not None:
+            new.eager_eot_threshold = _within("eager_eot_threshold", eager, *EAGER)
+        if timeout is not None:
+            new.eot_timeout_ms = int(_within("eot_timeout_ms", timeout, *TIMEOUT_MS[:2]))
+        if new.eager_eot_threshold is not None and new.eager_eot_threshold > new.eot_threshold:
+            raise ProtocolError("invalid_config", "'eager_eot_threshold' must not exceed 'eot_threshold'")
+        return new
+
+    def echo(self) -> dict:
+        return {"eot_threshold": self.eot_threshold, "eager_eot_threshold": self.eager_eot_threshold,
+                "eot_timeout_ms": self.eot_timeout_ms}
+
+
+@dataclass
+class Options:
+    encoding: str = "pcm16"
+    sample_rate: int = audio.SAMPLE_RATE
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    phrases: tuple[Phrase, ...] = ()
+    keyterms: tuple[str, ...] = ()  # as the client wrote them, for ConfigureSuccess
+
+
+def _within(name: str, value: float, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ProtocolError("invalid_config", f"'{name}' must be a number from {low:g} to {high:g}")
+    return value
+
+
+def _number(query: dict[str, str], name: str) -> float | None:
+    if name not in query:
+        return None
+    try:
+        return float(query[name])
+    except ValueError:
+        raise ProtocolError("invalid_config", f"'{name}' must be a number") from None
+
+
+def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> Options:
+    if query.get("redact", "false") != "false":
+        raise ProtocolError("invalid_config", "not supported by this server: redact")
+    if unknown := sorted(set(query) - KNOWN):
+        log.info("%s: unknown query parameter(s) accepted and ignored: %s", PATH, ascii(unknown)[:300])
+    encoding = query.get("encoding", "linear16")
+    if encoding not in ENCODINGS:
+        raise ProtocolError("invalid_config", f"'encoding' must be one of {', '.join(ENCODINGS)}")
+    options = Options(encoding=ENCODINGS[encoding])
+    options.sample_rate = parse_sample_rate(query.get("sample_rate", str(audio.SAMPLE_RATE)), from_url=True)
+    options.thresholds = Thresholds().updated(*(_number(query, name) for name in
+                                                ("eot_threshold", "eager_eot_threshold", "eot_timeout_ms")))
+    options.phrases = parse_phrases([(name, value) for name, value in params if name == "keyterm"])
+    options.keyterms = tuple(value for name, value in params if name == "keyterm")
+    return options
+
+
+def handshake(ctx: ServerContext, request: Handshake) -> Accept | Refusal:
+    """Deepgram's key forms, then the query; a refusal is shaped like Deepgram's (HTTP 400)."""
+    key, subprotocol = credentials(request.headers, list(request.subprotocols))
+    refusal = check_access(ctx, request, key or request.query.get("api_key"))
+    if refusal is not None:
+        return refusal
+    try:
+        options = parse_options(request.query, request.params)
+        check_phrases_for(ctx, options.phrases, "keyterm")
+    except ProtocolError as exc:
+        body = {"err_code": "INVALID_QUERY_PARAMETER", "err_msg": exc.message, "request_id": str(uuid.uuid4())}
+        return Refusal(400, exc.code, exc.message, body)
+    return Accept(options, subprotocol)
+
+
+class ConfigureThresholds(msgspec.Struct):
+    eot_threshold: float | None = None
+    eager_eot_threshold: float | None = None
+    eot_timeout_ms: float | None = None
+
+
+class Configure(Message, tag="Configure"):
+    thresholds: ConfigureThresholds | None = None
+    keyterms: list[str] | None = None
+    language_hints: list[str] | None = None
+    numerals: bool | None = None
+
+
+class ForceEndTurn(Message, tag="ForceEndTurn"):
+    pass
+
+
+class CloseStream(Message, tag="CloseStream"):
+    pass
+
+
+class KeepAlive(Message, tag="KeepAlive"):
+    pass
+
+
+SCHEMA = Schema(Configure, ForceEndTurn, CloseStream, KeepAlive)
+
+
+@dataclass
+class Turn:
+    """The turn in progress: its words so far, and how sure the model is that it ended."""
+
+    index: int = 0
+    start: float = 0.0  # connection seconds where its audio window starts
+    words: list[dict] = field(default_factory=list)
+    started: bool = False  # StartOfTurn was sent
+    eager: bool = False  # EagerEndOfTurn was sent and no word came since
+    confidence: float = 0.0  # end of turn, since the last word
+    last_word: float = 0.0  # connection seconds of its last word's token
+
+
+class FluxSession(Session):
+    def __init__(self, connection: Connection, options: Options) -> None:
+        super().__init__(connection, options)
+        self.options = options
+        self.segments.rate = options.sample_rate
+        self.segments.phrases = options.phrases
+        self.request_id = str(uuid.uuid4())
+        self._sequence = 0
+        self._words = WordTracker(self.info)
+        self._pieces = pieces(self.info.tokenizer)
+        self._turn = Turn()
+        self._closing = False
+        self._manual = False  # the segment ends for ForceEndTurn
+
+    def open(self) -> None:
+        self._send({"type": "Connected", "request_id": self.request_id})
+
+    def _send(self, message: dict) -> None:
+        self.post(self._numbered(message))
+
+    def _numbered(self, message: dict) -> dict:
+        message["sequence_id"], self._sequence = self._sequence, self._sequence + 1
+        return message
+
+    # -- client messages -----------------------------------------------------------------
+    async def on_message(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            samples = decode_bytes(message, self.options.encoding)
+            if self._closing:
+                raise ProtocolError("stream_closed", "audio after CloseStream")
+            await self.segments.push(samples)
+            return
+        event = SCHEMA.decode(message)
+        if isinstance(event, Configure):
+            self._configure(event)
+        elif isinstance(event, ForceEndTurn):
+            self._end_segment(manual=True)
+        elif isinstance(event, CloseStream):
+            self._close_stream()
+
+    def _configure(self, event: Configure) -> None:
+        reply = {"type": "ConfigureFailure", "request_id": self.request_id}
+        try:
+            self._apply(event)
+        except ProtocolError as exc:
+            self._send({**reply, "code": "INVALID_CONFIGURATION", "description": exc.message})
+            return
+        self._send({"type": "ConfigureSuccess", "request_id": self.request_id,
+                    "thresholds": self.options.thresholds.echo(), "keyterms": list(self.options.keyterms)})
+
+    def _apply(self, event: Configure) -> None:
+        """The new settings, all or none."""
+        if event.keyterms is not None and tuple(event.keyterms) != self.options.keyterms:
+            raise ProtocolError("invalid_config", "keyterms are fixed for a connection here: set them in the URL")
+        if event.language_hints and any(not hint.lower().startswith("en") for hint in event.language_hints):
+            raise ProtocolError("invalid_config", "this model transcribes English only")
+        given = event.thresholds or ConfigureThresholds()
+        self.options.thresholds = self.options.thresholds.updated(
+            given.eot_threshold, given.eager_eot_threshold, given.eot_timeout_ms)
+
+    def _end_segment(self, manual: bool) -> bool:
+        """End the current segment's input; False when there is no audio to end."""
+        segments = self.segments
+        match segments.state:
+            case State.DRAINING:
+                if segments.holding:
+                    segments.defer(lambda: self._end_segment(manual))
+                return True
+            case State.OPEN if segments.current.received_samples:
+                self._manual = manual
+                segments.current.finalize()
+                return True
+        return False
+
+    def _close_stream(self) -> None:
+        """CloseStream: once every segment is transcribed (its turn ended), the close."""
+        self._closing = True
+        if self._end_segment(manual=False):
+            self.segments.defer(self._close_stream)
+        else:
+            self.connection.end("completed")
+
+    # -- engine results ------------------------------------------------------------------
+    def on_result(self, segment: Segment, result: StreamResult) -> None:
+        now = segment.heard_until(result)
+        for part, confidence in self._parts(result):
+            self._follow(segment, part, confidence, now)
+        if result.is_final:
+            manual, self._manual = self._manual, False
+            if self._turn.started and (manual or self._closing):
+                self._end_turn(now, "manual")
+
+    def _parts(self, result: StreamResult) -> list[tuple[StreamResult, float]]:
+        """The result cut after each <EOU>, each part with the end-of-turn confidence at its end:
+        an <EOU>'s own probability, then the result's (since its last word)."""
+        cuts = [i + 1 for i, token in enumerate(result.token_ids) if token == self._pieces.eou_id]
+        parts, start = [], 0
+        for cut in cuts:
+            parts.append((self._slice(result, start, cut), result.token_confidences[cut - 1]))
+            start = cut
+        if start < len(result.token_ids) or not parts:
+            parts.append((self._slice(result, start, len(result.token_ids)), result.end_of_utterance))
+        return parts
+
+    @staticmethod
+    def _slice(result: StreamResult, start: int, end: int) -> StreamResult:
+        return replace(result, token_ids=result.token_ids[start:end], token_times=result.token_times[start:end],
+                       token_confidences=result.token_confidences[start:end])
+
+    def _follow(self, segment: Segment, part: StreamResult, confidence: float, now: float) -> None:
+        """One part of a result: the turn's events."""
+        turn, thresholds = self._turn, self.options.thresholds
+        spoken = [segment.offset + t for token, t in zip(part.token_ids, part.token_times) if token in self._pieces.text]
+        event = None
+        if spoken:
+            turn.confidence, turn.last_word = confidence, spoken[-1]
+            event = "Update" if turn.started and not turn.eager else "TurnResumed" if turn.started else "StartOfTurn"
+            turn.started, turn.eager = True, False
+        elif turn.started:
+            turn.confidence = max(turn.confidence, confidence)
+        if not turn.started:
+            return
+        ends = turn.confidence >= thresholds.eot_threshold
+        timeout = not ends and now - turn.last_word >= thresholds.eot_timeout_ms / 1000
+        turn.words += self._words.update(part, now, close=ends or timeout, offset=segment.offset)
+        if event in ("StartOfTurn", "TurnResumed") or not (ends or timeout):
+            self._turn_info(event or "Update", now)
+        eager = thresholds.eager_eot_threshold
+        if ends or timeout:
+            self._end_turn(now, "model" if ends else "timeout")
+        elif eager is not None and not turn.eager and turn.confidence >= eager:
+            turn.eager = True
+            self._turn_info("EagerEndOfTurn", now)
+
+    def _end_turn(self, now: float, trigger: str) -> None:
+        turn = self._turn
+        turn.words += self._words.open_word(now)
+        self._words = WordTracker(self.info)
+        self._turn_info("EndOfTurn", now, trigger=trigger)
+        self._turn = Turn(index=turn.index + 1, start=now)
+
+    def _turn_info(self, event: str, now: float, trigger: str | None = None) -> None:
+        turn = self._turn
+        words = turn.words + self._words.open_word(now)
+        message = {
+            "type": "TurnInfo",
+            "request_id": self.request_id,
+            "event": event,
+            "turn_index": turn.index,
+            "audio_window_start": round(turn.start, 3),
+            "audio_window_end": round(now, 3),
+            "transcript": " ".join(w["word"] for w in words),
+            "words": words,
+            "end_of_turn_confidence": round(turn.confidence, 4),
+        }
+        if trigger is not None:
+            message["trigger"] = trigger
+        self._send(message)
+
+    def error_message(self, code: str, message: str) -> dict:
+        return self._numbered({"type": "Error", "code": code, "description": message})
+
+
+PROTOCOL = Protocol(name="flux", metric="flux", door="ws", path=PATH, handshake=handshake, session=FluxSession)

@@ -1,0 +1,245 @@
+"""Deepgram Flux's turn-taking API on /v2/listen, driven by the official deepgram-sdk (its v2
+sync client, in a worker thread) against the in-process server on loopback, on the demo model
+(trained with <EOU>) and espeak-ng speech.
+
+Every message is re-validated by the SDK's own types; turns must follow Flux's order of events
+and their words must be the native protocol's for the same audio."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import trio
+from helpers import Raw, running_server, transcribe_raw, url
+
+from parakeet_stream.client import encode_audio
+from parakeet_stream.engine import ASREngine
+
+pytest.importorskip("deepgram")
+from deepgram import DeepgramClient  # noqa: E402
+from deepgram.environment import DeepgramClientEnvironment  # noqa: E402
+from deepgram.listen.v2.types import (  # noqa: E402
+    ListenV2ConfigureFailure,
+    ListenV2ConfigureSuccess,
+    ListenV2Connected,
+    ListenV2FatalError,
+    ListenV2TurnInfo,
+)
+
+SDK_TYPES = {
+    "Connected": ListenV2Connected,
+    "TurnInfo": ListenV2TurnInfo,
+    "ConfigureSuccess": ListenV2ConfigureSuccess,
+    "ConfigureFailure": ListenV2ConfigureFailure,
+    "Error": ListenV2FatalError,
+}
+RATE = 16000
+PACKET = 1600  # 100 ms
+TAIL = 1.5  # seconds of silence after the speech
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with ASREngine("demo", max_num_streams=4) as e:
+        yield e
+
+
+def spoken(wavs, name: str) -> np.ndarray:
+    return np.concatenate([wavs[name], np.zeros(int(TAIL * RATE), np.float32)])
+
+
+def strict(message) -> dict:
+    data = message.model_dump(exclude_unset=True)
+    SDK_TYPES[data["type"]].model_validate(data)
+    return data
+
+
+def run_sdk(ctx, script, key: str = "unused", **params):
+    port = ctx.config.ports["ws"]
+    env = DeepgramClientEnvironment(base=f"http://127.0.0.1:{port}", production=f"ws://127.0.0.1:{port}",
+                                    agent="", agent_rest="")
+
+    def worker() -> list[dict]:
+        with DeepgramClient(api_key=key, environment=env).listen.v2.connect(
+                model="flux-general-en", encoding="linear16", sample_rate=str(RATE), **params) as socket:
+            script(socket)
+            return [strict(m) for m in socket]
+
+    return worker
+
+
+async def in_thread(worker) -> list[dict]:
+    with trio.fail_after(60):
+        return await trio.to_thread.run_sync(worker)
+
+
+def send(samples: np.ndarray, *then):
+    """The audio in 100 ms packets, then each of `then` (a message, or a (method, args) pair)."""
+    pcm = encode_audio(samples, "pcm16")
+
+    def script(socket) -> None:
+        for i in range(0, len(pcm), 2 * PACKET):
+            socket.send_media(pcm[i : i + 2 * PACKET])
+        for action in then:
+            action(socket)
+        socket.send_close_stream()
+
+    return script
+
+
+async def native_words(ctx, samples: np.ndarray, path: str = "/") -> str:
+    return " ".join((await transcribe_raw(url(ctx, "ws", path), samples))[-1]["text"].split())
+
+
+def turns(messages: list[dict]) -> list[list[dict]]:
+    """The TurnInfo messages grouped by turn_index, in order."""
+    grouped: dict[int, list[dict]] = {}
+    for m in messages:
+        if m["type"] == "TurnInfo":
+            grouped.setdefault(m["turn_index"], []).append(m)
+    assert list(grouped) == list(range(len(grouped)))
+    return list(grouped.values())
+
+
+def check_order(turn: list[dict]) -> None:
+    """Flux's events in order: StartOfTurn, then updates, eager ends and resumptions, one EndOfTurn last."""
+    events = [m["event"] for m in turn]
+    assert events[0] == "StartOfTurn" and events[-1] == "EndOfTurn" and events.count("EndOfTurn") == 1, events
+    assert "StartOfTurn" not in events[1:]
+    for before, after in zip(events, events[1:]):
+        assert before != "EagerEndOfTurn" or after in ("TurnResumed", "EndOfTurn"), events
+        assert after != "TurnResumed" or before == "EagerEndOfTurn" or "EagerEndOfTurn" in events[: events.index(after)]
+    for m in turn:
+        assert m["transcript"] == " ".join(w["word"] for w in m["words"])
+        assert 0 <= m["end_of_turn_confidence"] <= 1
+        assert m["audio_window_start"] <= m["audio_window_end"]
+        assert ("trigger" in m) == (m["event"] == "EndOfTurn")
+
+
+async def test_turns_end_at_the_models_end_of_utterance_with_the_native_words(engine, wavs):
+    audio = spoken(wavs, "pause")  # two sentences, 1.5 s apart
+    async with running_server(engine) as ctx:
+        expected = await native_words(ctx, audio)
+        messages = await in_thread(run_sdk(ctx, send(audio), eager_eot_threshold="0.3"))
+    assert messages[0]["type"] == "Connected" and messages[0]["request_id"]
+    assert [m["sequence_id"] for m in messages] == list(range(len(messages)))
+    assert all(m["type"] in ("Connected", "TurnInfo") for m in messages)
+    found = turns(messages)
+    assert len(found) == 2
+    for turn in found:
+        check_order(turn)
+        end = turn[-1]
+        assert end["trigger"] == "model" and end["end_of_turn_confidence"] >= 0.7
+    assert " ".join(turn[-1]["transcript"] for turn in found) == expected
+    assert found[1][0]["audio_window_start"] == found[0][-1]["audio_window_end"]
+    # the model's <EOU> probability rises before it emits it: an eager end first (0.36 on this audio)
+    eager = [m for m in found[0] if m["event"] == "EagerEndOfTurn"]
+    assert eager and 0.3 <= eager[0]["end_of_turn_confidence"] < 0.7
+    assert eager[0]["transcript"] == found[0][-1]["transcript"]
+
+
+async def test_a_turn_the_model_is_unsure_of_ends_at_the_timeout(engine, wavs):
+    audio = spoken(wavs, "sentence")  # the model's <EOU> here: 0.78
+    async with running_server(engine) as ctx:
+        expected = await native_words(ctx, audio)
+        strict_turns = await in_thread(run_sdk(ctx, send(audio), eot_threshold="0.9", eot_timeout_ms="1000"))
+        default = await in_thread(run_sdk(ctx, send(audio)))
+    (turn,) = turns(strict_turns)
+    check_order(turn)
+    last_word = turn[-1]["words"][-1]["end"]
+    assert turn[-1]["trigger"] == "timeout" and turn[-1]["audio_window_end"] - last_word >= 1.0 - 0.1
+    assert turn[-1]["transcript"] == expected
+    (turn,) = turns(default)
+    assert turn[-1]["trigger"] == "model" and turn[-1]["transcript"] == expected
+
+
+async def test_configure_changes_thresholds_mid_stream_and_refuses_what_it_cannot(engine, wavs):
+    audio = spoken(wavs, "sentence")
+
+    def configure(socket) -> None:
+        socket.send_configure({"type": "Configure", "thresholds": {"eot_threshold": 0.9, "eot_timeout_ms": 1000}})
+        socket.send_configure({"type": "Configure", "thresholds": {"eot_threshold": 2}})
+        socket.send_configure({"type": "Configure", "thresholds": {"eager_eot_threshold": 0.95}})
+        socket.send_configure({"type": "Configure", "keyterms": ["Zanzibar"]})
+
+    def script(socket) -> None:
+        configure(socket)
+        send(audio)(socket)
+
+    async with running_server(engine) as ctx:
+        messages = await in_thread(run_sdk(ctx, script))
+    replies = [m for m in messages if m["type"].startswith("Configure")]
+    assert [m["type"] for m in replies] == ["ConfigureSuccess"] + ["ConfigureFailure"] * 3
+    assert replies[0]["thresholds"] == {"eot_threshold": 0.9, "eot_timeout_ms": 1000, "eager_eot_threshold": None}
+    assert "eot_threshold" in replies[1]["description"] and "eager_eot_threshold" in replies[2]["description"]
+    assert "keyterms" in replies[3]["description"]
+    (turn,) = turns(messages)
+    assert turn[-1]["trigger"] == "timeout"  # the first Configure held, the refused ones changed nothing
+
+
+async def test_force_end_turn_ends_the_turn_and_the_stream_goes_on(engine, wavs):
+    whole = spoken(wavs, "sentence")
+    first, second = whole[: len(wavs["sentence"]) // 2], whole[len(wavs["sentence"]) // 2 :]  # cut mid-sentence
+    pcm = encode_audio(first, "pcm16")
+
+    def script(socket) -> None:
+        for i in range(0, len(pcm), 2 * PACKET):
+            socket.send_media(pcm[i : i + 2 * PACKET])
+        socket.send_force_end_turn()
+        send(second)(socket)
+
+    async with running_server(engine) as ctx:
+        expected = [await native_words(ctx, first), await native_words(ctx, second)]
+        messages = await in_thread(run_sdk(ctx, script))
+    found = turns(messages)
+    assert found[0][-1]["trigger"] == "manual" and len(found) == 2
+    assert [turn[-1]["transcript"] for turn in found] == expected
+    assert found[1][-1]["audio_window_end"] > found[0][-1]["audio_window_end"] >= len(first) / RATE - 0.01
+
+
+@pytest.mark.parametrize("query, named", [
+    ("eot_threshold=1.5", "eot_threshold"), ("eager_eot_threshold=0.8&eot_threshold=0.6", "eager_eot_threshold"),
+    ("eot_timeout_ms=20", "eot_timeout_ms"), ("eot_threshold=high", "eot_threshold"), ("encoding=opus", "encoding"),
+    ("redact=pii", "redact"), ("sample_rate=7", "sample_rate"), ("keyterm=" + "x" * 101, "keyterm"),
+])
+async def test_a_query_it_cannot_honour_is_refused_like_deepgram(engine, query, named):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    async with running_server(engine) as ctx:
+        port = ctx.config.ports["ws"]
+
+        def attempt():
+            with pytest.raises(InvalidStatus) as info:
+                connect(f"ws://127.0.0.1:{port}/v2/listen?{query}")
+            return info.value.response
+
+        response = await in_thread(attempt)
+    assert response.status_code == 400
+    body = json.loads(response.body)
+    assert body["err_code"] == "INVALID_QUERY_PARAMETER" and named in body["err_msg"]
+
+
+async def test_bad_messages_get_a_numbered_error_and_the_stream_goes_on(engine, wavs):
+    audio = spoken(wavs, "sentence")
+    async with running_server(engine, api_key="secret") as ctx:
+        expected = await native_words(ctx, audio, "/?api_key=secret")
+        address = url(ctx, "ws", "/v2/listen?encoding=linear16&sample_rate=16000")
+        async with Raw.open(address, headers=[("Authorization", "Token secret")]) as conn:
+            assert (await conn.recv())["type"] == "Connected"
+            await conn.send('{"type": "Sing"}')
+            await conn.send(b"\x00\x01\x02")  # half a sample
+            await conn.send("not json")
+            pcm = encode_audio(audio, "pcm16")
+            for i in range(0, len(pcm), 2 * PACKET):
+                await conn.send(pcm[i : i + 2 * PACKET])
+            await conn.send({"type": "CloseStream"})
+            messages = [await conn.recv() for _ in range(3)] + await conn.rest()
+    errors = messages[:3]
+    assert [m["type"] for m in errors] == ["Error"] * 3 and [m["sequence_id"] for m in errors] == [1, 2, 3]
+    assert [m["code"] for m in errors] == ["unknown_type", "invalid_audio_length", "invalid_json"]
+    for m in errors:
+        ListenV2FatalError.model_validate(m)
+    (turn,) = turns(messages)
+    assert turn[-1]["transcript"] == expected
