@@ -1,4 +1,4 @@
-"""Trio server in front of the ASR engine: TCP, WebSocket (native, /v1/realtime, /v1/listen), HTTP.
+"""Trio server in front of the ASR engine: TCP, WebSocket (native, /v1/realtime, /v1/listen, /v2/listen), HTTP.
 
 Words used in this package, one meaning each:
 - door: the way a client comes in, `tcp` or `ws` (doors.py); channel: the transport under one

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: everywhere)")
     p.add_argument("--port", type=_port, default=8765, help="raw TCP port, newline-delimited JSON (0: any free)")
     p.add_argument("--ws-port", type=_port, default=8000,
-                   help="WebSocket port: native protocol, /v1/realtime, /v1/listen (0: any free)")
+                   help="WebSocket port: native protocol, /v1/realtime, /v1/listen, /v2/listen (0: any free)")
     p.add_argument("--http-port", type=_port, default=8080,
                    help="HTTP port: the live captions page (open http://HOST:PORT/), /health, /ready, /metrics "
                         "(0: any free)")

@@ -252,6 +252,47 @@ async def good_deepgram(ws: str, speech: np.ndarray) -> str:
     return " ".join(t for m in finals if (t := m["channel"]["alternatives"][0]["transcript"]))
 
 
+# -- Deepgram Flux ----------------------------------------------------------------------------
+FLUX_TYPES = {"Connected", "TurnInfo", "ConfigureSuccess", "ConfigureFailure", "Error"}
+FLUX_KEYS = ["encoding", "sample_rate", "eot_threshold", "eager_eot_threshold", "eot_timeout_ms", "keyterm", "redact",
+             "model", "api_key"]
+THRESHOLD = st.one_of(st.floats(allow_nan=False), st.integers(), st.text(max_size=5), st.none(), st.booleans())
+
+
+def flux_messages() -> st.SearchStrategy[dict]:
+    thresholds = st.fixed_dictionaries({}, optional={
+        "eot_threshold": THRESHOLD, "eager_eot_threshold": THRESHOLD, "eot_timeout_ms": THRESHOLD})
+    configure = st.fixed_dictionaries({"type": st.just("Configure")}, optional={
+        "thresholds": st.one_of(thresholds, st.integers()),
+        "keyterms": st.one_of(st.lists(st.text(max_size=20), max_size=3), st.text(max_size=5)),
+        "language_hints": st.lists(st.sampled_from(["en", "de", "", "x" * 50]), max_size=3)})
+    return st.one_of(configure, st.sampled_from([{"type": "ForceEndTurn"}, {"type": "CloseStream"},
+                                                 {"type": "KeepAlive"}]))
+
+
+def check_flux(messages: list, close_code: int | None) -> None:
+    closed_well(close_code)
+    for message in messages:
+        assert isinstance(message, dict) and message["type"] in FLUX_TYPES, message
+        if message["type"] == "Error":
+            documented(message["code"])
+            safe(message["description"])
+    assert [m["sequence_id"] for m in messages] == list(range(len(messages))), messages
+    assert not messages or messages[0]["type"] == "Connected"
+    turns = [m["turn_index"] for m in messages if m["type"] == "TurnInfo"]
+    assert turns == sorted(turns), turns
+
+
+async def good_flux(ws: str, speech: np.ndarray) -> str:
+    pcm = encode_audio(speech, "pcm16")
+    async with Raw.open(ws) as conn:
+        for i in range(0, len(pcm), CHUNK * 2):
+            await conn.send(pcm[i : i + CHUNK * 2])
+        await conn.send({"type": "CloseStream"})
+        messages = await conn.rest()
+    return " ".join(m["transcript"] for m in messages if m.get("event") == "EndOfTurn")
+
+
 # -- HTTP -------------------------------------------------------------------------------------
 HTTP_STATUSES = {None, 200, 400, 404, 405, 431, 501}
 
@@ -294,6 +335,7 @@ def _ws(ports: dict, path: str) -> str:
 NATIVE_KEYS = ["sample_rate", "encoding", "lookahead", "api_key"]
 OPENAI_PATH = "/v1/realtime?intent=transcription"
 DEEPGRAM_PATH = "/v1/listen?encoding=linear16&sample_rate=16000"
+FLUX_PATH = "/v2/listen?encoding=linear16&sample_rate=16000"
 
 DOORS = [
     Door(
@@ -326,6 +368,12 @@ DOORS = [
             frames(deepgram_messages(), audio_pieces(speech, 2), raw=True), queries("", DEEPGRAM_KEYS)),
         lambda ports, speech: good_deepgram(_ws(ports, DEEPGRAM_PATH), speech),
         check_deepgram, '{"type":"FuzzProbe"}', lambda m: m.get("type") == "Error" and "FuzzProbe" in m["description"],
+    ),
+    Door(
+        "flux", "ws", FLUX_PATH, lambda speech: attacks(
+            frames(flux_messages(), audio_pieces(speech, 2), raw=True), queries("", FLUX_KEYS)),
+        lambda ports, speech: good_flux(_ws(ports, FLUX_PATH), speech),
+        check_flux, '{"type":"FuzzProbe"}', lambda m: m.get("type") == "Error" and "FuzzProbe" in m["description"],
     ),
     Door("http", "http", "", http_attacks, good_http, check_http, exchange=exchanges.http_request),
     Door("riva", "grpc", "", riva_attacks, good_riva, check_riva, exchange=exchanges.riva),

@@ -48,6 +48,7 @@ class Doors:
             "vllm": ("ws", "/v1/realtime", append, '{"type":"x"}'),
             "openai": ("ws", "/v1/realtime?intent=transcription", append, '{"type":"input_audio_buffer.clear"}'),
             "deepgram": ("ws", "/v1/listen?encoding=linear16&sample_rate=16000", speech, '{"type":"X"}'),
+            "flux": ("ws", "/v2/listen?encoding=linear16&sample_rate=16000", speech, '{"type":"X"}'),
         }
 
     async def connect(self, ports: dict, door: str) -> LineClient | WsClient:

@@ -5,7 +5,8 @@ Binary frames carry audio in the encoding the URL declares; text frames carry `C
 (thresholds mid-stream), `ForceEndTurn` and `CloseStream`. The server answers `Connected`, then
 `TurnInfo` messages whose `event` follows the speaker's turns: `StartOfTurn` at a turn's first
 word, `Update` on every later result, `EagerEndOfTurn` once the end-of-turn confidence reaches
-`eager_eot_threshold` (only when set), `TurnResumed` when words come after that, `EndOfTurn`
+`eager_eot_threshold` (only when set; so, when set, before every EndOfTurn the model decides),
+`TurnResumed` when words come after that, `EndOfTurn`
 once it reaches `eot_threshold`, or `eot_timeout_ms` of audio after the last word passed
 (`trigger`: model, timeout, manual for `ForceEndTurn` and the end of the stream).
 
@@ -305,11 +306,11 @@ class FluxSession(Session):
         if event in ("StartOfTurn", "TurnResumed") or not (ends or timeout):
             self._turn_info(event or "Update", now)
         eager = thresholds.eager_eot_threshold
-        if ends or timeout:
-            self._end_turn(now, "model" if ends else "timeout")
-        elif eager is not None and not turn.eager and turn.confidence >= eager:
+        if eager is not None and not turn.eager and turn.confidence >= eager:  # before the end it crossed with
             turn.eager = True
             self._turn_info("EagerEndOfTurn", now)
+        if ends or timeout:
+            self._end_turn(now, "model" if ends else "timeout")
 
     def _end_turn(self, now: float, trigger: str) -> None:
         turn = self._turn
