@@ -53,7 +53,8 @@ def synth(item: dict, seed: int, lead: float = 0.2, tail: float = 0.15) -> np.nd
     import soxr
 
     voice = item["voice"] if item["variant"] == "default" else f"{item['voice']}+{item['variant']}"
-    out = subprocess.run(["espeak-ng", "-v", voice, "-s", str(item["speed"]), "-p", str(item["pitch"]),
+    markup = ["-m"] if item["text"].startswith("<speak>") else []  # SSML, e.g. a <break time="500ms"/>
+    out = subprocess.run(["espeak-ng", "-v", voice, "-s", str(item["speed"]), "-p", str(item["pitch"]), *markup,
                           "--stdout", item["text"]], capture_output=True, check=True).stdout
     k = out.find(b"data")
     assert out[:4] == b"RIFF" and k > 0, "espeak-ng gave no WAV"

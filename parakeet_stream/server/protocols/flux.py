@@ -10,10 +10,10 @@ word, `Update` on every later result, `EagerEndOfTurn` once the end-of-turn conf
 once it reaches `eot_threshold`, or `eot_timeout_ms` of audio after the last word passed
 (`trigger`: model, timeout, manual for `ForceEndTurn` and the end of the stream).
 
-The confidence is the model's: on a model trained with `<EOU>`, the highest probability it gave
-`<EOU>` since the turn's last word (engine `StreamResult.end_of_utterance`); the model's own
-`<EOU>` carries the probability it was emitted with. On a model without it, the trailing silence
-as a share of the engine's endpoint silence. One engine stream serves the connection (a
+The confidence is the model's (flux_turns.py): on a model trained with `<EOU>`, the highest
+probability it gave `<EOU>` since the turn's last word (engine `StreamResult.end_of_utterance`),
+firmed up by the silence after the model wrote `<EOU>`; on a model without it, the trailing
+silence as a share of the engine's endpoint silence. One engine stream serves the connection (a
 `ForceEndTurn` ends it, later audio opens the next), so the words of the turns are the words the
 native protocol gives for the same audio. Every message has the connection's `sequence_id`.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -37,6 +37,7 @@ from ..session import Session
 from ..wire import decode_bytes, parse_sample_rate
 from ..words import WordTracker, pieces
 from .deepgram import ENCODINGS, check_phrases_for, credentials, parse_phrases
+from .flux_turns import Event, Thresholds, TurnTaking
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
@@ -57,28 +58,18 @@ KNOWN = {"encoding", "sample_rate", "eot_threshold", "eager_eot_threshold", "eot
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Thresholds:
-    eot_threshold: float = EOT[2]
-    eager_eot_threshold: float | None = None  # None: no EagerEndOfTurn
-    eot_timeout_ms: int = TIMEOUT_MS[2]
-
-    def updated(self, eot: float | None, eager: float | None, timeout: float | None) -> Thresholds:
-        """These with the values given (None: kept), checked; ProtocolError names the first wrong one."""
-        new = replace(self)
-        if eot is not None:
-            new.eot_threshold = _within("eot_threshold", eot, *EOT[:2])
-        if eager is not None:
-            new.eager_eot_threshold = _within("eager_eot_threshold", eager, *EAGER)
-        if timeout is not None:
-            new.eot_timeout_ms = int(_within("eot_timeout_ms", timeout, *TIMEOUT_MS[:2]))
-        if new.eager_eot_threshold is not None and new.eager_eot_threshold > new.eot_threshold:
-            raise ProtocolError("invalid_config", "'eager_eot_threshold' must not exceed 'eot_threshold'")
-        return new
-
-    def echo(self) -> dict:
-        return {"eot_threshold": self.eot_threshold, "eager_eot_threshold": self.eager_eot_threshold,
-                "eot_timeout_ms": self.eot_timeout_ms}
+def updated(thresholds: Thresholds, eot: float | None, eager: float | None, timeout: float | None) -> Thresholds:
+    """`thresholds` with the values given (None: kept), checked; ProtocolError names the first wrong one."""
+    new = replace(thresholds)
+    if eot is not None:
+        new.eot_threshold = _within("eot_threshold", eot, *EOT[:2])
+    if eager is not None:
+        new.eager_eot_threshold = _within("eager_eot_threshold", eager, *EAGER)
+    if timeout is not None:
+        new.eot_timeout_ms = int(_within("eot_timeout_ms", timeout, *TIMEOUT_MS[:2]))
+    if new.eager_eot_threshold is not None and new.eager_eot_threshold > new.eot_threshold:
+        raise ProtocolError("invalid_config", "'eager_eot_threshold' must not exceed 'eot_threshold'")
+    return new
 
 
 @dataclass
@@ -115,8 +106,8 @@ def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> O
         raise ProtocolError("invalid_config", f"'encoding' must be one of {', '.join(ENCODINGS)}")
     options = Options(encoding=ENCODINGS[encoding])
     options.sample_rate = parse_sample_rate(query.get("sample_rate", str(audio.SAMPLE_RATE)), from_url=True)
-    options.thresholds = Thresholds().updated(*(_number(query, name) for name in
-                                                ("eot_threshold", "eager_eot_threshold", "eot_timeout_ms")))
+    options.thresholds = updated(Thresholds(), *(_number(query, name) for name in
+                                                 ("eot_threshold", "eager_eot_threshold", "eot_timeout_ms")))
     options.phrases = parse_phrases([(name, value) for name, value in params if name == "keyterm"])
     options.keyterms = tuple(value for name, value in params if name == "keyterm")
     return options
@@ -165,19 +156,6 @@ class KeepAlive(Message, tag="KeepAlive"):
 SCHEMA = Schema(Configure, ForceEndTurn, CloseStream, KeepAlive)
 
 
-@dataclass
-class Turn:
-    """The turn in progress: its words so far, and how sure the model is that it ended."""
-
-    index: int = 0
-    start: float = 0.0  # connection seconds where its audio window starts
-    words: list[dict] = field(default_factory=list)
-    started: bool = False  # StartOfTurn was sent
-    eager: bool = False  # EagerEndOfTurn was sent and no word came since
-    confidence: float = 0.0  # end of turn, since the last word
-    last_word: float = 0.0  # connection seconds of its last word's token
-
-
 class FluxSession(Session):
     def __init__(self, connection: Connection, options: Options) -> None:
         super().__init__(connection, options)
@@ -188,7 +166,8 @@ class FluxSession(Session):
         self._sequence = 0
         self._words = WordTracker(self.info)
         self._pieces = pieces(self.info.tokenizer)
-        self._turn = Turn()
+        self.turns = TurnTaking(options.thresholds)
+        self._turn_words: list[dict] = []  # the complete words of the turn in progress
         self._closing = False
         self._manual = False  # the segment ends for ForceEndTurn
 
@@ -226,7 +205,7 @@ class FluxSession(Session):
             self._send({**reply, "code": "INVALID_CONFIGURATION", "description": exc.message})
             return
         self._send({"type": "ConfigureSuccess", "request_id": self.request_id,
-                    "thresholds": self.options.thresholds.echo(), "keyterms": list(self.options.keyterms)})
+                    "thresholds": asdict(self.options.thresholds), "keyterms": list(self.options.keyterms)})
 
     def _apply(self, event: Configure) -> None:
         """The new settings, all or none."""
@@ -235,8 +214,8 @@ class FluxSession(Session):
         if event.language_hints and any(not hint.lower().startswith("en") for hint in event.language_hints):
             raise ProtocolError("invalid_config", "this model transcribes English only")
         given = event.thresholds or ConfigureThresholds()
-        self.options.thresholds = self.options.thresholds.updated(
-            given.eot_threshold, given.eager_eot_threshold, given.eot_timeout_ms)
+        self.options.thresholds = self.turns.thresholds = updated(
+            self.options.thresholds, given.eot_threshold, given.eager_eot_threshold, given.eot_timeout_ms)
 
     def _end_segment(self, manual: bool) -> bool:
         """End the current segment's input; False when there is no audio to end."""
@@ -263,23 +242,29 @@ class FluxSession(Session):
     # -- engine results ------------------------------------------------------------------
     def on_result(self, segment: Segment, result: StreamResult) -> None:
         now = segment.heard_until(result)
-        for part, confidence in self._parts(result):
-            self._follow(segment, part, confidence, now)
+        for part, p, written in self._parts(result):
+            words = [segment.offset + t for token, t in zip(part.token_ids, part.token_times) if token in self._pieces.text]
+            events = self.turns.follow(words[-1] if words else None, p,
+                                       None if written is None else segment.offset + written, now)
+            ends = any(event.name == "EndOfTurn" for event in events)
+            self._turn_words += self._words.update(part, now, close=ends, offset=segment.offset)
+            self._post(events, now)
         if result.is_final:
             manual, self._manual = self._manual, False
-            if self._turn.started and (manual or self._closing):
-                self._end_turn(now, "manual")
+            if manual or self._closing:
+                self._post(self.turns.end(now, "manual"), now)
 
-    def _parts(self, result: StreamResult) -> list[tuple[StreamResult, float]]:
-        """The result cut after each <EOU>, each part with the end-of-turn confidence at its end:
-        an <EOU>'s own probability, then the result's (since its last word)."""
+    def _parts(self, result: StreamResult) -> list[tuple[StreamResult, float, float | None]]:
+        """The result cut after each <EOU>: each part, the <EOU> probability at its end (the one it
+        was written with, then the result's since its last word) and when the model wrote it (stream
+        seconds; None for the last part)."""
         cuts = [i + 1 for i, token in enumerate(result.token_ids) if token == self._pieces.eou_id]
         parts, start = [], 0
         for cut in cuts:
-            parts.append((self._slice(result, start, cut), result.token_confidences[cut - 1]))
+            parts.append((self._slice(result, start, cut), result.token_confidences[cut - 1], result.token_times[cut - 1]))
             start = cut
         if start < len(result.token_ids) or not parts:
-            parts.append((self._slice(result, start, len(result.token_ids)), result.end_of_utterance))
+            parts.append((self._slice(result, start, len(result.token_ids)), result.end_of_utterance, None))
         return parts
 
     @staticmethod
@@ -287,55 +272,24 @@ class FluxSession(Session):
         return replace(result, token_ids=result.token_ids[start:end], token_times=result.token_times[start:end],
                        token_confidences=result.token_confidences[start:end])
 
-    def _follow(self, segment: Segment, part: StreamResult, confidence: float, now: float) -> None:
-        """One part of a result: the turn's events."""
-        turn, thresholds = self._turn, self.options.thresholds
-        spoken = [segment.offset + t for token, t in zip(part.token_ids, part.token_times) if token in self._pieces.text]
-        event = None
-        if spoken:
-            turn.confidence, turn.last_word = confidence, spoken[-1]
-            event = "Update" if turn.started and not turn.eager else "TurnResumed" if turn.started else "StartOfTurn"
-            turn.started, turn.eager = True, False
-        elif turn.started:
-            turn.confidence = max(turn.confidence, confidence)
-        if not turn.started:
-            return
-        ends = turn.confidence >= thresholds.eot_threshold
-        timeout = not ends and now - turn.last_word >= thresholds.eot_timeout_ms / 1000
-        turn.words += self._words.update(part, now, close=ends or timeout, offset=segment.offset)
-        if event in ("StartOfTurn", "TurnResumed") or not (ends or timeout):
-            self._turn_info(event or "Update", now)
-        eager = thresholds.eager_eot_threshold
-        if eager is not None and not turn.eager and turn.confidence >= eager:  # before the end it crossed with
-            turn.eager = True
-            self._turn_info("EagerEndOfTurn", now)
-        if ends or timeout:
-            self._end_turn(now, "model" if ends else "timeout")
-
-    def _end_turn(self, now: float, trigger: str) -> None:
-        turn = self._turn
-        turn.words += self._words.open_word(now)
-        self._words = WordTracker(self.info)
-        self._turn_info("EndOfTurn", now, trigger=trigger)
-        self._turn = Turn(index=turn.index + 1, start=now)
-
-    def _turn_info(self, event: str, now: float, trigger: str | None = None) -> None:
-        turn = self._turn
-        words = turn.words + self._words.open_word(now)
-        message = {
-            "type": "TurnInfo",
-            "request_id": self.request_id,
-            "event": event,
-            "turn_index": turn.index,
-            "audio_window_start": round(turn.start, 3),
-            "audio_window_end": round(now, 3),
-            "transcript": " ".join(w["word"] for w in words),
-            "words": words,
-            "end_of_turn_confidence": round(turn.confidence, 4),
-        }
-        if trigger is not None:
-            message["trigger"] = trigger
-        self._send(message)
+    def _post(self, events: list[Event], now: float) -> None:
+        for event in events:
+            words = self._turn_words + self._words.open_word(now)
+            message = {
+                "type": "TurnInfo",
+                "request_id": self.request_id,
+                "event": event.name,
+                "turn_index": event.index,
+                "audio_window_start": round(event.start, 3),
+                "audio_window_end": round(now, 3),
+                "transcript": " ".join(w["word"] for w in words),
+                "words": words,
+                "end_of_turn_confidence": round(event.confidence, 4),
+            }
+            if event.trigger is not None:
+                message["trigger"] = event.trigger
+                self._turn_words, self._words = [], WordTracker(self.info)
+            self._send(message)
 
     def error_message(self, code: str, message: str) -> dict:
         return self._numbered({"type": "Error", "code": code, "description": message})

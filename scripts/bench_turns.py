@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""End-of-turn latency and false ends on Deepgram Flux's `/v2/listen`, on the bundled demo model.
+
+    python scripts/bench_turns.py                   # results/bench_turns.json and a table
+    python scripts/bench_turns.py --eager 0.5 --concurrency 4
+
+The recordings (deterministic): the 40 held-out sentences of tests/fixtures/demo_sentences.json,
+spoken by espeak-ng, three turns per recording with 1.5 s of silence after each (where an agent
+would answer); the middle turn of every recording is said in two halves with a 0.5 s pause inside
+the sentence (a hesitation: no turn should end there). A real server (`parakeet-serve`, the demo
+model, float32) receives each recording paced in real time (80 ms packets), several at once.
+Measured per turn, from the end of its speech (the last 10 ms frame above -40 dB of the peak):
+- EndOfTurn latency: wall-clock time until its EndOfTurn arrives;
+- EagerEndOfTurn latency likewise (with `--eager`);
+- false ends: an EndOfTurn from the start of a mid-sentence pause to the end of that sentence's
+  speech, over the pauses.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_demo_model import FIXTURE, synth  # noqa: E402
+
+RATE = 16000
+PACKET = 1280  # 80 ms, what Deepgram recommends for Flux
+GAP = 1.5  # seconds of silence after each turn
+PAUSE = 0.5  # seconds of silence inside the middle turn's sentence
+TURNS = 3
+# an event whose audio window ends this close before the end of speech answers it: the model's
+# lookahead has heard past the window's end (which counts the frames decoded)
+EARLY = 0.1
+
+
+def speech_end(audio: np.ndarray) -> float:
+    """Seconds to the end of the last 10 ms frame within 40 dB of the loudest one."""
+    frames = audio[: len(audio) // 160 * 160].reshape(-1, 160)
+    energy = (frames**2).mean(1)
+    loud = np.nonzero(energy > energy.max() * 1e-4)[0]
+    return (loud[-1] + 1) * 160 / RATE
+
+
+def silences(audio: np.ndarray, shortest: float) -> list[tuple[float, float]]:
+    """(start, end) in seconds of the runs of quiet 10 ms frames (30 dB under the loudest) at least `shortest` long."""
+    frames = audio[: len(audio) // 160 * 160].reshape(-1, 160)
+    energy = (frames**2).mean(1)
+    quiet = np.concatenate([[False], energy <= energy.max() * 1e-3, [False]])
+    edges = np.flatnonzero(np.diff(quiet.astype(int)))
+    return [(a * 0.01, b * 0.01) for a, b in zip(edges[::2], edges[1::2]) if (b - a) * 0.01 >= shortest]
+
+
+def recordings() -> list[dict]:
+    """[{audio, turns: [(start, end of speech)], pauses: [(start, end of that turn's speech)]}] in seconds."""
+    fixture = json.loads(FIXTURE.read_text())
+    items = fixture["seen_voices"] + fixture["heldout_voices"]
+    out = []
+    for r in range(len(items) // TURNS):
+        parts, turns, pauses, t = [], [], [], 0.0
+        for k, item in enumerate(items[r * TURNS : (r + 1) * TURNS]):
+            words = item["text"].split()
+            if k == 1:  # a hesitation inside the sentence, its prosody whole (SSML)
+                half = len(words) // 2
+                text = " ".join(words[:half]) + f' <break time="{int(PAUSE * 1000)}ms"/> ' + " ".join(words[half:])
+                item = {**item, "text": f"<speak>{text}</speak>"}
+            audio = synth(item, seed=100 * r + k)
+            end = t + speech_end(audio)
+            if k == 1:  # an end from the pause's start to the end of the sentence is false
+                pauses += [(t + a, end) for a, _ in silences(audio[: int((end - t) * RATE)], 0.8 * PAUSE)]
+            turns.append((t, end))
+            parts += [audio, np.zeros(int(GAP * RATE), np.float32)]
+            t += len(audio) / RATE + GAP
+        out.append({"audio": np.concatenate(parts), "turns": turns, "pauses": pauses})
+    return out
+
+
+async def stream(ws_port: int, recording: dict, eager: float | None) -> list[tuple[float, dict]]:
+    """The recording paced in real time; every message with its arrival, in seconds from the first packet."""
+    import websockets
+
+    query = "encoding=linear16&sample_rate=16000" + (f"&eager_eot_threshold={eager}" if eager else "")
+    pcm = (np.clip(recording["audio"], -1, 1) * 32767).astype("<i2").tobytes()
+    got: list[tuple[float, dict]] = []
+    async with websockets.connect(f"ws://127.0.0.1:{ws_port}/v2/listen?{query}", max_size=None) as ws:
+        start = time.monotonic()
+
+        async def read() -> None:
+            async for message in ws:
+                got.append((time.monotonic() - start, json.loads(message)))
+
+        reader = asyncio.create_task(read())
+        for i in range(0, len(pcm), 2 * PACKET):
+            await asyncio.sleep(max(0.0, start + i / 2 / RATE - time.monotonic()))
+            await ws.send(pcm[i : i + 2 * PACKET])
+        await ws.send(json.dumps({"type": "CloseStream"}))
+        await reader
+    return got
+
+
+def measure(recording: dict, got: list[tuple[float, dict]]) -> dict:
+    """Latencies per turn (None where its event never came in time) and the false ends."""
+    ends = [(at, m) for at, m in got if m.get("event") == "EndOfTurn"]
+    eagers = [(at, m) for at, m in got if m.get("event") == "EagerEndOfTurn"]
+    bounds = [start for start, _ in recording["turns"][1:]] + [float("inf")]
+
+    def first_after(events, end, limit):
+        return next((at - end for at, m in events if end - EARLY <= m["audio_window_end"] < limit), None)
+
+    return {
+        "end": [first_after(ends, end, limit) for (_, end), limit in zip(recording["turns"], bounds)],
+        "eager": [first_after(eagers, end, limit) for (_, end), limit in zip(recording["turns"], bounds)],
+        "false_ends": sum(any(a <= m["audio_window_end"] < b - EARLY for _, m in ends) for a, b in recording["pauses"]),
+        "pauses": len(recording["pauses"]),
+        "triggers": [m["trigger"] for _, m in ends],
+    }
+
+
+def start_server() -> tuple[subprocess.Popen, int]:
+    cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", "demo", "--dtype", "float32",
+           "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "off"]
+    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    for line in server.stdout:
+        if line.startswith("parakeet-serve ready:"):
+            threading.Thread(target=server.stdout.read, daemon=True).start()  # a full pipe would stall it
+            return server, int(line.split("ws://127.0.0.1:")[1].split()[0])
+    raise SystemExit("the server did not start")
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)) * 1000) if values else None
+
+
+async def run(args) -> dict:
+    records = recordings()
+    server, port = start_server()
+    try:
+        gate = asyncio.Semaphore(args.concurrency)
+
+        async def one(recording):
+            async with gate:
+                return measure(recording, await stream(port, recording, args.eager))
+
+        found = await asyncio.gather(*(one(r) for r in records))
+    finally:
+        server.terminate()
+        server.wait(30)
+    ends = [x for f in found for x in f["end"] if x is not None]
+    eagers = [x for f in found for x in f["eager"] if x is not None]
+    turns = sum(len(f["end"]) for f in found)
+    return {
+        "recordings": len(records), "turns": turns, "concurrency": args.concurrency, "eager_eot_threshold": args.eager,
+        "end_of_turn_ms": {"p50": percentile(ends, 50), "p95": percentile(ends, 95), "ended": len(ends)},
+        "eager_ms": {"p50": percentile(eagers, 50), "p95": percentile(eagers, 95), "sent": len(eagers)},
+        "false_ends": sum(f["false_ends"] for f in found), "mid_sentence_pauses": sum(f["pauses"] for f in found),
+        "triggers": {t: sum(f["triggers"].count(t) for f in found) for t in ("model", "timeout", "manual")},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--eager", type=float, default=0.5, help="eager_eot_threshold (0: no eager ends)")
+    parser.add_argument("--concurrency", type=int, default=4, help="recordings streamed at once")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_turns.json")
+    args = parser.parse_args()
+    args.eager = args.eager or None
+    report = asyncio.run(run(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
