@@ -102,10 +102,12 @@ def turns(messages: list[dict]) -> list[list[dict]]:
     return list(grouped.values())
 
 
-def check_order(turn: list[dict]) -> None:
-    """Flux's events in order: StartOfTurn, then updates, eager ends and resumptions, one EndOfTurn last."""
+def check_order(turn: list[dict], closed: bool = False) -> None:
+    """Flux's events in order: StartOfTurn, then updates, eager ends and resumptions, one EndOfTurn
+    last (`closed`: the stream closed on the turn, so its last Update stands instead)."""
     events = [m["event"] for m in turn]
-    assert events[0] == "StartOfTurn" and events[-1] == "EndOfTurn" and events.count("EndOfTurn") == 1, events
+    assert events[0] == "StartOfTurn" and events.count("EndOfTurn") == (not closed), events
+    assert events[-1] == ("Update" if closed else "EndOfTurn"), events
     assert "StartOfTurn" not in events[1:]
     for before, after in zip(events, events[1:]):
         assert before != "EagerEndOfTurn" or after in ("TurnResumed", "EndOfTurn"), events
@@ -199,6 +201,18 @@ async def test_force_end_turn_ends_the_turn_and_the_stream_goes_on(engine, wavs)
     assert found[0][-1]["trigger"] == "manual" and len(found) == 2
     assert [turn[-1]["transcript"] for turn in found] == expected
     assert found[1][-1]["audio_window_end"] > found[0][-1]["audio_window_end"] >= len(first) / RATE - 0.01
+
+
+async def test_close_stream_transcribes_the_rest_and_ends_no_turn(engine, wavs):
+    """As Deepgram's: the audio left is transcribed, the open turn's last Update stands, then the close."""
+    audio = wavs["sentence"][: len(wavs["sentence"]) * 3 // 4]  # closed mid-sentence
+    async with running_server(engine) as ctx:
+        expected = await native_words(ctx, audio)
+        messages = await in_thread(run_sdk(ctx, send(audio)))
+    (turn,) = turns(messages)
+    check_order(turn, closed=True)
+    assert turn[-1]["transcript"] == expected
+    assert turn[-1]["audio_window_end"] == pytest.approx(len(audio) / RATE, abs=0.1)
 
 
 @pytest.mark.parametrize("query, named", [

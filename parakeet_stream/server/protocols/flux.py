@@ -8,7 +8,8 @@ word, `Update` on every later result, `EagerEndOfTurn` once the end-of-turn conf
 `eager_eot_threshold` (only when set; so, when set, before every EndOfTurn the model decides),
 `TurnResumed` when words come after that, `EndOfTurn`
 once it reaches `eot_threshold`, or `eot_timeout_ms` of audio after the last word passed
-(`trigger`: model, timeout, manual for `ForceEndTurn` and the end of the stream).
+(`trigger`: model, timeout, manual for `ForceEndTurn`). `CloseStream` transcribes what is left and
+closes, ending no turn (as Deepgram's: a turn still open ends with its last `Update`).
 
 The confidence is the model's (flux_turns.py): on a model trained with `<EOU>`, the highest
 probability it gave `<EOU>` since the turn's last word (engine `StreamResult.end_of_utterance`),
@@ -249,10 +250,9 @@ class FluxSession(Session):
             ends = any(event.name == "EndOfTurn" for event in events)
             self._turn_words += self._words.update(part, now, close=ends, offset=segment.offset)
             self._post(events, now)
-        if result.is_final:
-            manual, self._manual = self._manual, False
-            if manual or self._closing:
-                self._post(self.turns.end(now, "manual"), now)
+        if result.is_final and self._manual:  # as Deepgram's, CloseStream ends no turn: its last Update stands
+            self._manual = False
+            self._post(self.turns.end(now, "manual"), now)
 
     def _parts(self, result: StreamResult) -> list[tuple[StreamResult, float, float | None]]:
         """The result cut after each <EOU>: each part, the <EOU> probability at its end (the one it
