@@ -3,6 +3,7 @@
 
     python scripts/bench_turns.py                   # results/bench_turns.json and a table
     python scripts/bench_turns.py --eager 0.5 --concurrency 4
+    python scripts/bench_turns.py --model small     # NVIDIA's parakeet_realtime_eou_120m (downloads it)
 
 The recordings (deterministic): the 40 held-out sentences of tests/fixtures/demo_sentences.json,
 spoken by espeak-ng, three turns per recording with 1.5 s of silence after each (where an agent
@@ -126,8 +127,8 @@ def measure(recording: dict, got: list[tuple[float, dict]]) -> dict:
     }
 
 
-def start_server() -> tuple[subprocess.Popen, int]:
-    cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", "demo", "--dtype", "float32",
+def start_server(model: str) -> tuple[subprocess.Popen, int]:
+    cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", model, "--dtype", "float32",
            "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "off"]
     server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -144,7 +145,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 async def run(args) -> dict:
     records = recordings()
-    server, port = start_server()
+    server, port = start_server(args.model)
     try:
         gate = asyncio.Semaphore(args.concurrency)
 
@@ -160,7 +161,7 @@ async def run(args) -> dict:
     eagers = [x for f in found for x in f["eager"] if x is not None]
     turns = sum(len(f["end"]) for f in found)
     return {
-        "recordings": len(records), "turns": turns, "concurrency": args.concurrency, "eager_eot_threshold": args.eager,
+        "model": args.model, "recordings": len(records), "turns": turns, "concurrency": args.concurrency, "eager_eot_threshold": args.eager,
         "end_of_turn_ms": {"p50": percentile(ends, 50), "p95": percentile(ends, 95), "ended": len(ends)},
         "eager_ms": {"p50": percentile(eagers, 50), "p95": percentile(eagers, 95), "sent": len(eagers)},
         "false_ends": sum(f["false_ends"] for f in found), "mid_sentence_pauses": sum(f["pauses"] for f in found),
@@ -172,6 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eager", type=float, default=0.5, help="eager_eot_threshold (0: no eager ends)")
     parser.add_argument("--concurrency", type=int, default=4, help="recordings streamed at once")
+    parser.add_argument("--model", default="demo", help="what parakeet-serve --model takes (small needs its weights)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_turns.json")
     args = parser.parse_args()
     args.eager = args.eager or None
