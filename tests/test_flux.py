@@ -7,6 +7,9 @@ and their words must be the native protocol's for the same audio."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +37,7 @@ SDK_TYPES = {
     "ConfigureFailure": ListenV2ConfigureFailure,
     "Error": ListenV2FatalError,
 }
+ROOT = Path(__file__).resolve().parents[1]
 RATE = 16000
 PACKET = 1600  # 100 ms
 TAIL = 1.5  # seconds of silence after the speech
@@ -260,3 +264,13 @@ async def test_bad_messages_get_a_numbered_error_and_the_stream_goes_on(engine, 
         ListenV2FatalError.model_validate(m)
     (turn,) = turns(messages)
     assert turn[-1]["transcript"] == expected
+
+
+async def test_the_example_prints_each_turn_as_it_ends(engine):
+    async with running_server(engine) as ctx:
+        cmd = [sys.executable, str(ROOT / "examples" / "flux_client.py"), str(ROOT / "examples" / "journey.wav"),
+               f"ws://127.0.0.1:{ctx.config.ports['ws']}"]
+        done = await trio.to_thread.run_sync(lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=60))
+    assert done.returncode == 0, done.stderr[-2000:]
+    ends = [line for line in done.stdout.splitlines() if line.startswith("turn ") and "(model" in line]
+    assert ends and all(line.split(": ", 1)[1].strip() for line in ends), done.stdout
