@@ -18,9 +18,9 @@ import hashlib
 import logging
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ... import audio
 from ...engine.phrases import MAX_WEIGHT, Phrase, PhraseError, check_phrases
@@ -155,20 +155,25 @@ def _milliseconds(query: dict[str, str], name: str) -> int:
     return int(value)
 
 
-def handshake(ctx: ServerContext, request: Handshake) -> Accept | Refusal:
-    """Deepgram's key forms, then its query parameters; a refusal of those is shaped like
-    Deepgram's (HTTP 400)."""
-    key, subprotocol = credentials(request.headers, list(request.subprotocols))
-    refusal = check_access(ctx, request, key or request.query.get("api_key"))
-    if refusal is not None:
-        return refusal
-    try:
-        options = parse_options(request.query, request.params)
-        check_phrases_for(ctx, options.phrases, "keyterm/keywords")
-    except ProtocolError as exc:
-        body = {"err_code": "INVALID_QUERY_PARAMETER", "err_msg": exc.message, "request_id": str(uuid.uuid4())}
-        return Refusal(400, exc.code, exc.message, body)
-    return Accept(options, subprotocol)
+def handshake_for(parse: Callable[[dict[str, str], Sequence[tuple[str, str]]], Any], names: str):
+    """A Deepgram handshake: its key forms, then `parse` of the query (options with `phrases`,
+    checked against the model; `names`: their query parameters); a refusal shaped like Deepgram's
+    (HTTP 400)."""
+
+    def handshake(ctx: ServerContext, request: Handshake) -> Accept | Refusal:
+        key, subprotocol = credentials(request.headers, list(request.subprotocols))
+        refusal = check_access(ctx, request, key or request.query.get("api_key"))
+        if refusal is not None:
+            return refusal
+        try:
+            options = parse(request.query, request.params)
+            check_phrases_for(ctx, options.phrases, names)
+        except ProtocolError as exc:
+            body = {"err_code": "INVALID_QUERY_PARAMETER", "err_msg": exc.message, "request_id": str(uuid.uuid4())}
+            return Refusal(400, exc.code, exc.message, body)
+        return Accept(options, subprotocol)
+
+    return handshake
 
 
 def check_phrases_for(ctx: ServerContext, phrases: tuple[Phrase, ...], names: str) -> None:
@@ -357,4 +362,5 @@ class DeepgramSession(Session):
         }
 
 
-PROTOCOL = Protocol(name="deepgram", metric="deepgram", door="ws", path=PATH, handshake=handshake, session=DeepgramSession)
+PROTOCOL = Protocol(name="deepgram", metric="deepgram", door="ws", path=PATH,
+                    handshake=handshake_for(parse_options, "keyterm/keywords"), session=DeepgramSession)

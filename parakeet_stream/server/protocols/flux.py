@@ -31,19 +31,18 @@ import msgspec
 from ... import audio
 from ...engine.phrases import Phrase
 from ..codes import ProtocolError
-from ..protocol import Accept, Handshake, Protocol, Refusal, check_access
+from ..protocol import Protocol
 from ..schema import Message, Schema
 from ..segments import State
 from ..session import Session
 from ..wire import decode_bytes, parse_sample_rate
 from ..words import WordTracker, pieces
-from .deepgram import ENCODINGS, check_phrases_for, credentials, parse_phrases
+from .deepgram import ENCODINGS, handshake_for, parse_phrases
 from .flux_turns import Event, Thresholds, TurnTaking
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
     from ..connection import Connection
-    from ..context import ServerContext
     from ..segment import Segment
 
 PATH = "/v2/listen"
@@ -112,21 +111,6 @@ def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> O
     options.phrases = parse_phrases([(name, value) for name, value in params if name == "keyterm"])
     options.keyterms = tuple(value for name, value in params if name == "keyterm")
     return options
-
-
-def handshake(ctx: ServerContext, request: Handshake) -> Accept | Refusal:
-    """Deepgram's key forms, then the query; a refusal is shaped like Deepgram's (HTTP 400)."""
-    key, subprotocol = credentials(request.headers, list(request.subprotocols))
-    refusal = check_access(ctx, request, key or request.query.get("api_key"))
-    if refusal is not None:
-        return refusal
-    try:
-        options = parse_options(request.query, request.params)
-        check_phrases_for(ctx, options.phrases, "keyterm")
-    except ProtocolError as exc:
-        body = {"err_code": "INVALID_QUERY_PARAMETER", "err_msg": exc.message, "request_id": str(uuid.uuid4())}
-        return Refusal(400, exc.code, exc.message, body)
-    return Accept(options, subprotocol)
 
 
 class ConfigureThresholds(msgspec.Struct):
@@ -295,4 +279,5 @@ class FluxSession(Session):
         return self._numbered({"type": "Error", "code": code, "description": message})
 
 
-PROTOCOL = Protocol(name="flux", metric="flux", door="ws", path=PATH, handshake=handshake, session=FluxSession)
+PROTOCOL = Protocol(name="flux", metric="flux", door="ws", path=PATH, handshake=handshake_for(parse_options, "keyterm"),
+                    session=FluxSession)
