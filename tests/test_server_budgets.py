@@ -34,7 +34,7 @@ from wsproto.events import BytesMessage
 
 from parakeet_stream.server import ServerConfig
 from parakeet_stream.server.app import SEND_BUFFER_BYTES, open_listeners
-from parakeet_stream.server.guard import connection_bytes, memory_problem
+from parakeet_stream.server.streams.guard import connection_bytes, memory_problem
 
 MB = 2**20
 BUDGET_MB = 30 * 16000 * 4 / MB  # --max-backlog-seconds 30 of float32 audio at 16 kHz
