@@ -17,14 +17,12 @@ from .operations.replica import handle_agent
 from .protocols.doors import handle_tcp, handle_websocket
 from .protocols.riva import RivaDoor, serve_riva
 from .transport import ws_adapter
+from .transport.channel import SEND_BUFFER_BYTES
 
 log = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 0.05
 FINAL_GRACE_S = 5.0  # after the drain timeout: time for the final results of what was made final
-# Per-connection kernel send buffer (accepted sockets inherit it from the listener): bounds
-# what a client that stops reading can pile up before the send timeout notices.
-SEND_BUFFER_BYTES = 256 * 1024
 
 
 async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

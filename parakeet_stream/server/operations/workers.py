@@ -34,8 +34,8 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from ...engine import ASREngine
 from ...engine.service import EngineService
-from ..app import SEND_BUFFER_BYTES
 from ..context import ServerConfig
+from ..transport.channel import SEND_BUFFER_BYTES
 from .metrics import MULTIPROCESS_DIR
 
 log = logging.getLogger(__name__)

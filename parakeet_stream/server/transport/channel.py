@@ -10,6 +10,9 @@ import trio
 TCP_CLOSE = 7  # Linux tcp_info state after a reset
 TCP_CLOSE_WAIT = 8  # the peer sent FIN
 RECEIVE_BYTES = 65536
+# Per-connection kernel send buffer (accepted sockets inherit it from the listener): bounds
+# what a client that stops reading can pile up before the send timeout notices.
+SEND_BUFFER_BYTES = 256 * 1024
 
 
 async def half_close_and_drain(stream: trio.SocketStream, seconds: float) -> None:
