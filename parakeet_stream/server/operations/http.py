@@ -1,5 +1,5 @@
 """Small HTTP/1.1 server on h11: /health, /ready, /metrics, static files, and the file
-transcription APIs (POST, protocols/*_files.py)."""
+transcription APIs (POST, protocols/*_files.py, listed in protocols/registry.py)."""
 from __future__ import annotations
 
 import functools
@@ -18,8 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ...model.registry import REPO_WEIGHTS
 from ..context import ServerContext
-from ..protocols import deepgram_files, openai_files
 from ..protocols.files.exchange import serve_upload
+from ..protocols.registry import UPLOADS
 from ..streams import wire
 from ..transport.channel import half_close_and_drain
 from .replica import replica_state
@@ -31,7 +31,6 @@ JSON = "application/json"
 Response = tuple[int, bytes, str]
 # a hostname or IPv4 address as a CSP host-source can name it (IPv6 literals cannot be named)
 _CSP_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})")
-UPLOADS = {api.PATH: api for api in (openai_files, deepgram_files)}  # each: handle(), refuse()
 
 
 async def handle_http(ctx: ServerContext, stream: trio.SocketStream) -> None:

@@ -1,14 +1,20 @@
-"""The protocols the server speaks, one module each: a module translates one API's messages
-(its Session subclass) and declares how a connection reaches it (its `Protocol` entries: door,
-WebSocket path and dialect, handshake, error codes).
+"""The registry: every API the server speaks on its TCP, WebSocket and HTTP doors, one line each.
 
-Adding a protocol = one new module + one line in PROTOCOLS. A connection is served by the first
-entry that accepts its door, path and query: the catch-all native entries come last.
+PROTOCOLS: the streaming APIs. A module translates one API's messages (its Session subclass) and
+declares how a connection reaches it (its `Protocol` entries: door, WebSocket path and dialect,
+handshake, error codes). A connection is served by the first entry that accepts its door, path
+and query: the catch-all native entries come last.
+
+UPLOADS: the file transcription APIs, by the path a POST names on the HTTP port
+(operations/http.py; files/exchange.py runs the module's handle() or refuse()).
+
+Adding a protocol = one new module + one line here. (The gRPC door, riva/, is started beside
+the listeners in app.py.)
 """
 from __future__ import annotations
 
 from ..streams.protocol import Protocol
-from . import deepgram, native, openai_realtime, vllm
+from . import deepgram, deepgram_files, native, openai_files, openai_realtime, vllm
 
 PROTOCOLS: tuple[Protocol, ...] = (
     openai_realtime.PROTOCOL,  # ws /v1/realtime, with intent=transcription or model=... in the URL
@@ -17,6 +23,8 @@ PROTOCOLS: tuple[Protocol, ...] = (
     native.WEBSOCKET,  # ws, any other path
     native.TCP,  # tcp
 )
+
+UPLOADS = {api.PATH: api for api in (openai_files, deepgram_files)}  # each: handle(), refuse()
 
 
 def find(door: str, path: str, query: dict[str, str]) -> Protocol:
