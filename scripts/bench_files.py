@@ -3,7 +3,7 @@ and those streams' chunk latency with and without it, in one run.
 
 Five phases, each on a fresh engine over the same model (warmed up by a short file first): N live streams alone; one file alone;
 F files alone; one file with the N live streams; F files with them. Files go through the path
-uploads and parakeet-transcribe take (server/files: `transcribe_files`, bulk engine streams, the
+uploads and parakeet-transcribe take (server/protocols/files: `transcribe_files`, bulk engine streams, the
 model's longest lookahead); RTFx = seconds of file audio / wall seconds until every file's final
 result. Live streams push speech paced at real time in 20-160 ms packets (as scripts/bench_engine.py);
 chunk latency = the engine's, from the arrival of the last sample a chunk needs to its result.
@@ -39,7 +39,7 @@ from parakeet_stream.host import single_threaded_host
 from parakeet_stream.model.loading import load_model
 from parakeet_stream.model.parakeet import ParakeetModel
 from parakeet_stream.model.precision import set_precision
-from parakeet_stream.server.files.batch import ArraySource, transcribe_files
+from parakeet_stream.server.protocols.files.batch import ArraySource, transcribe_files
 
 ROOT = Path(__file__).resolve().parent.parent
 WARMUP_S = 1.0

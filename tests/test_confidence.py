@@ -1,5 +1,5 @@
 """Confidence from the model: each token's probability under the joint (model/greedy.py), words the
-lowest of their tokens', transcripts the mean of their words' (server/words.py).
+lowest of their tokens', transcripts the mean of their words' (server/streams/words.py).
 
 The end-to-end check: over the demo model's held-out sentences (espeak-ng speech, as in
 test_demo_model.py), hypothesis words aligned to the reference (edit distance): the words the model
@@ -21,7 +21,7 @@ from test_demo_model import DEMO, FIXTURE, synth
 from test_greedy import random_decoder
 
 from parakeet_stream.model.greedy import GreedyPass, eou_probabilities, unpack_scored
-from parakeet_stream.server.words import WordTracker, transcript_confidence, word_confidence
+from parakeet_stream.server.streams.words import WordTracker, transcript_confidence, word_confidence
 
 # Measured on the shipped demo model, streaming, the 40 sentences of tests/fixtures/demo_sentences.json:
 # 259 right words, mean confidence 0.887; 50 wrong ones, mean 0.619 (a gap of 0.27). The bar keeps

@@ -20,7 +20,7 @@ from helpers import (
 )
 
 from parakeet_stream.client import encode_audio
-from parakeet_stream.server.wire import ALAW, MULAW
+from parakeet_stream.server.streams.wire import ALAW, MULAW
 
 deepgram = pytest.importorskip("deepgram")
 from deepgram import AsyncDeepgramClient, DeepgramClient  # noqa: E402
@@ -147,7 +147,7 @@ async def test_sdk_transcript_matches_native(engine, sentence):
         m_words = m["channel"]["alternatives"][0]["words"]
         assert all(m["start"] <= w["start"] for w in m_words)
         assert all(w["end"] <= m["start"] + m["duration"] + 1e-3 for w in m_words)
-    # confidence: the model's (server/words.py), per word in (0, 1], an alternative's their mean
+    # confidence: the model's (server/streams/words.py), per word in (0, 1], an alternative's their mean
     assert all(0 < w["confidence"] <= 1 for w in words) and min(w["confidence"] for w in words) < 1
     for m in finals(messages):
         alternative = m["channel"]["alternatives"][0]

@@ -35,11 +35,11 @@ from websockets.sync.client import connect
 
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine.phrases import MAX_PHRASES, Phrase, boosting_tree
-from parakeet_stream.server.codes import ProtocolError
-from parakeet_stream.server.phrases import FieldPhraseError, openai_phrases, prompt_phrases
 from parakeet_stream.server.protocols.deepgram import parse_phrases
-from parakeet_stream.server.riva.errors import RivaError
-from parakeet_stream.server.riva.options import parse_config
+from parakeet_stream.server.protocols.riva.errors import RivaError
+from parakeet_stream.server.protocols.riva.options import parse_config
+from parakeet_stream.server.streams.phrases import FieldPhraseError, openai_phrases, prompt_phrases
+from parakeet_stream.server.transport.codes import ProtocolError
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""The package's import graph: no circle anywhere, and no import from a lower layer to a higher one.
+"""The package's import graph: no circle anywhere, and no import from a lower layer to a higher one,
+between the package's folders and between the server's.
 
 Every import counts, those inside functions too (they hide circles, they do not break them).
 """
@@ -17,6 +18,9 @@ LAYERS = [
     {"server"},
     {"tools"},
 ]
+# inside server/, lowest first; its top modules (app, cli, worker) come after them all
+SERVER_LAYERS = ["transport", "streams", "protocols", "operations"]
+SHARED = "parakeet_stream.server.context"  # the settings and shared state every server layer is handed
 
 
 def _module_name(path: Path) -> str:
@@ -63,6 +67,22 @@ def test_no_import_climbs_a_layer():
         f"{a} -> {b}"
         for a, deps in import_graph().items() if a != "parakeet_stream"
         for b in deps if b != "parakeet_stream" and _layer(b) > _layer(a)
+    ]
+    assert upward == []
+
+
+def _server_layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[:2] != ["parakeet_stream", "server"]:
+        return None
+    return SERVER_LAYERS.index(parts[2]) if parts[2:3] and parts[2] in SERVER_LAYERS else len(SERVER_LAYERS)
+
+
+def test_no_import_climbs_a_server_layer():
+    upward = [
+        f"{a} -> {b}"
+        for a, deps in import_graph().items() if _server_layer(a) is not None
+        for b in deps if b != SHARED and _server_layer(b) is not None and _server_layer(b) > _server_layer(a)
     ]
     assert upward == []
 

@@ -24,7 +24,7 @@ from helpers import (
 
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine
-from parakeet_stream.server.wire import ALAW, MULAW
+from parakeet_stream.server.streams.wire import ALAW, MULAW
 
 openai = pytest.importorskip("openai")
 import pydantic

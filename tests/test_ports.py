@@ -1,4 +1,4 @@
-"""parakeet-serve's port check (parakeet_stream/server/ports.py): a port it cannot listen on is one
+"""parakeet-serve's port check (parakeet_stream/server/operations/ports.py): a port it cannot listen on is one
 line naming the port and its flag, exit status 2, before the model loads (so before the
 configuration dump) and without a traceback.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from parakeet_stream.server.ports import explain, port_problem
+from parakeet_stream.server.operations.ports import explain, port_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_MODEL = "no/such/model/folder"

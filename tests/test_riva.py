@@ -38,12 +38,12 @@ from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.server import ServerConfig
 from parakeet_stream.server.cli import build_parser
-from parakeet_stream.server.guard import connection_bytes
-from parakeet_stream.server.riva.audio_input import AudioInput
-from parakeet_stream.server.riva.errors import RivaError
-from parakeet_stream.server.riva.options import Options
-from parakeet_stream.server.riva.wav import parse_wav
-from parakeet_stream.server.wire import ALAW, MULAW
+from parakeet_stream.server.protocols.riva.audio_input import AudioInput
+from parakeet_stream.server.protocols.riva.errors import RivaError
+from parakeet_stream.server.protocols.riva.options import Options
+from parakeet_stream.server.protocols.riva.wav import parse_wav
+from parakeet_stream.server.streams.guard import connection_bytes
+from parakeet_stream.server.streams.wire import ALAW, MULAW
 
 
 LINEAR_PCM = riva_client.AudioEncoding.LINEAR_PCM
@@ -167,7 +167,7 @@ async def test_streaming_matches_native(engine, sentence):
         assert " ".join(w.word for w in alternative.words) == alternative.transcript.strip()
         times = [t for w in alternative.words for t in (w.start_time, w.end_time)]
         assert times == sorted(times) and times[-1] <= len(sentence) / 16 + 1  # milliseconds
-        # the model's confidence (server/words.py): per word in (0, 1], the alternative's their mean
+        # the model's confidence (server/streams/words.py): per word in (0, 1], the alternative's their mean
         confidences = [w.confidence for w in alternative.words]
         assert all(0 < c <= 1 for c in confidences) and min(confidences) < 1
         assert alternative.confidence == pytest.approx(sum(confidences) / len(confidences), abs=1e-3)
@@ -690,8 +690,8 @@ async def test_a_client_that_stops_reading_is_dropped():
     """Every response has --send-timeout to be taken by gRPC's flow control."""
     import asyncio
 
-    from parakeet_stream.server.riva.streaming import StreamingCall
-    from parakeet_stream.server.riva.transcript import Piece
+    from parakeet_stream.server.protocols.riva.streaming import StreamingCall
+    from parakeet_stream.server.protocols.riva.transcript import Piece
 
     class Stuck:
         async def write(self, message):

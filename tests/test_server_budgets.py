@@ -33,8 +33,9 @@ from helpers import (
 from wsproto.events import BytesMessage
 
 from parakeet_stream.server import ServerConfig
-from parakeet_stream.server.app import SEND_BUFFER_BYTES, open_listeners
-from parakeet_stream.server.guard import connection_bytes, memory_problem
+from parakeet_stream.server.app import open_listeners
+from parakeet_stream.server.streams.guard import connection_bytes, memory_problem
+from parakeet_stream.server.transport.channel import SEND_BUFFER_BYTES
 
 MB = 2**20
 BUDGET_MB = 30 * 16000 * 4 / MB  # --max-backlog-seconds 30 of float32 audio at 16 kHz

@@ -28,7 +28,7 @@ from helpers import (
 from trio_websocket import ConnectionRejected, open_websocket_url
 
 from parakeet_stream.client import encode_audio
-from parakeet_stream.server.http import static_file
+from parakeet_stream.server.operations.http import static_file
 
 
 @pytest.fixture(params=[0, 2], ids=["one-process", "two-workers"])

@@ -62,7 +62,7 @@ async def test_sdk_transcript_matches_the_streaming_path_with_words_in_order(eng
     words = best["words"]
     assert " ".join(w["word"] for w in words) == native
     assert all(w["punctuated_word"] == w["word"] and 0 < w["confidence"] <= 1 for w in words)
-    confidences = [w["confidence"] for w in words]  # the model's (server/words.py): the alternative's is their mean
+    confidences = [w["confidence"] for w in words]  # the model's (server/streams/words.py): the alternative's is their mean
     assert min(confidences) < 1 and best["confidence"] == pytest.approx(sum(confidences) / len(confidences), abs=1e-3)
     assert all(a["end"] <= b["start"] + 1e-6 and a["start"] <= a["end"] for a, b in zip(words, words[1:]))
     metadata = response["metadata"]

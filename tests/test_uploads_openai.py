@@ -370,7 +370,7 @@ async def test_a_client_that_leaves_frees_its_stream(engine, sentence):
 
 
 def test_a_spool_keeps_at_most_one_mebibyte_in_memory():
-    from parakeet_stream.server.files.spool import MEMORY_BYTES, Spool
+    from parakeet_stream.server.protocols.files.spool import MEMORY_BYTES, Spool
 
     with Spool() as spool:
         spool.write(b"x" * MEMORY_BYTES)

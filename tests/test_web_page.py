@@ -38,7 +38,7 @@ import pytest
 import soundfile as sf
 from helpers import ServerProcess
 
-from parakeet_stream.server.http import static_file
+from parakeet_stream.server.operations.http import static_file
 
 ROOT = Path(__file__).resolve().parent.parent
 WEB = ROOT / "parakeet_stream" / "web"
@@ -131,11 +131,11 @@ def test_page_has_no_inline_code():
 
 TRAVERSALS = [
     "/../__init__.py",
-    "/../server/http.py",
+    "/../server/operations/http.py",
     "/../../pyproject.toml",
     "/web/../../pyproject.toml",
     "/%2e%2e/__init__.py",
-    "/%2E%2E/server/http.py",
+    "/%2E%2E/server/operations/http.py",
     "/.%2e/__init__.py",
     "/%2e%2e%2f__init__.py",
     "/..%2f..%2fpyproject.toml",

@@ -36,7 +36,7 @@ from helpers import (
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine.messages import HEADER, Audio, Framer, FromEngine, Open, Opened
 from parakeet_stream.server.cli import build_parser
-from parakeet_stream.server.workers import default_workers
+from parakeet_stream.server.operations.workers import default_workers
 
 PEER = re.compile(r"\[worker (\d)\] parakeet_stream.connections: connection open peer=127\.0\.0\.1:(\d+)")
 

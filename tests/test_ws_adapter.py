@@ -1,4 +1,4 @@
-"""server/ws_adapter.py reaches into trio-websocket's private insides: these tests fail when an
+"""server/transport/ws_adapter.py reaches into trio-websocket's private insides: these tests fail when an
 upgrade moves what it relies on (then re-check the adapter against the new version's source,
 and update TESTED_WITH and the pins in pyproject.toml together)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from trio.testing import memory_stream_pair
 from trio_websocket import WebSocketConnection, WebSocketRequest
 from wsproto.frame_protocol import FrameProtocol
 
-from parakeet_stream.server import ws_adapter
+from parakeet_stream.server.transport import ws_adapter
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 

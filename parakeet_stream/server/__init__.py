@@ -1,13 +1,23 @@
-"""Trio server in front of the ASR engine: TCP, WebSocket (native, /v1/realtime, /v1/listen, /v2/listen), HTTP.
+"""Trio server in front of the ASR engine: TCP, WebSocket (native, /v1/realtime, /v1/listen, /v2/listen), HTTP, gRPC.
+
+Layers, lowest first (a module imports its own layer and those below; every layer is handed the
+settings and shared state of context.py):
+- transport/: the bytes-level channels under one connection (TCP, WebSocket), the error codes.
+- streams/: one connection and its audio streams through the engine: loops, budgets, sessions,
+  segments, and what every protocol reads and writes.
+- protocols/: the APIs, one module each, their registry and doors; files/ (uploads), riva/ (gRPC).
+- operations/: health, metrics, the replica's agent, memory, ports, worker processes.
+- top: app.py (the listeners and the drain), cli.py (parakeet-serve), worker.py (a worker's main).
 
 Words used in this package, one meaning each:
-- door: the way a client comes in, `tcp` or `ws` (doors.py); channel: the transport under one
-  connection (tcp.py, websocket.py).
-- connection: one client, from accept to close (connection.py): its loops, budgets and end.
-- protocol: an API the server speaks, declared in protocols/ (a `Protocol` entry each);
-  session: that protocol's side of one connection (session.py and its subclasses).
-- segment: the server's handle on one engine stream (segment.py); a connection runs one
-  (native) or several in turn (segments.py).
+- door: the way a client comes in, `tcp` or `ws` (protocols/doors.py); channel: the transport
+  under one connection (transport/tcp.py, transport/websocket.py).
+- connection: one client, from accept to close (streams/connection.py): its loops, budgets and end.
+- protocol: an API the server speaks, declared in protocols/ (a `Protocol` entry each, listed in
+  protocols/registry.py); session: that protocol's side of one connection (streams/session.py
+  and its subclasses).
+- segment: the server's handle on one engine stream (streams/segment.py); a connection runs one
+  (native) or several in turn (streams/segments.py).
 - final: the client's end of input for a segment (`Segment.finalize`, as the engine's).
 - finished: a segment's lifecycle end: its final result delivered, or cancelled.
 - end: a connection's end (`Connection.end(reason)`); then its channel closes.

@@ -1,5 +1,5 @@
 """Listeners for TCP, WebSocket, HTTP, the HAProxy agent and gRPC; graceful drain on shutdown; the
-memory closed connections leave handed back (memory.py)."""
+memory closed connections leave handed back (operations/memory.py)."""
 from __future__ import annotations
 
 import logging
@@ -10,21 +10,19 @@ from functools import partial
 import trio
 from trio_websocket import WebSocketRequest, WebSocketServer
 
-from . import ws_adapter
 from .context import ServerConfig, ServerContext
-from .doors import handle_tcp, handle_websocket
-from .http import handle_http
-from .memory import reclaim_after_closes
-from .replica import handle_agent
-from .riva import RivaDoor, serve_riva
+from .operations.http import handle_http
+from .operations.memory import reclaim_after_closes
+from .operations.replica import handle_agent
+from .protocols.doors import handle_tcp, handle_websocket
+from .protocols.riva import RivaDoor, serve_riva
+from .transport import ws_adapter
+from .transport.channel import SEND_BUFFER_BYTES
 
 log = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 0.05
 FINAL_GRACE_S = 5.0  # after the drain timeout: time for the final results of what was made final
-# Per-connection kernel send buffer (accepted sockets inherit it from the listener): bounds
-# what a client that stops reading can pile up before the send timeout notices.
-SEND_BUFFER_BYTES = 256 * 1024
 
 
 async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -72,8 +70,8 @@ async def serve(ctx: ServerContext, *, task_status=trio.TASK_STATUS_IGNORED) -> 
 
 
 async def _listeners(config: ServerConfig, door: str, port: int) -> list[trio.SocketListener]:
-    """The listeners of one port: opened here, or (a worker process, workers.py) the sockets the
-    server's main process opened for every worker."""
+    """The listeners of one port: opened here, or (a worker process, operations/workers.py) the
+    sockets the server's main process opened for every worker."""
     if door in config.listen_fds:
         return [trio.SocketListener(trio.socket.from_stdlib_socket(socket.socket(fileno=fd)))
                 for fd in config.listen_fds[door]]

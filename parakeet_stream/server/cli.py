@@ -18,12 +18,12 @@ from ..model.errors import DeviceError, ModelNotFound
 from ..model.precision import AUTO, PrecisionError
 from ..model.registry import HUB_ALIASES
 from .app import serve
-from .codes import ProtocolError
 from .context import ServerConfig, ServerContext
-from .guard import memory_problem
-from .memory import freeze_startup_objects
-from .ports import port_problem
-from .workers import default_workers, serve_in_workers
+from .operations.memory import freeze_startup_objects
+from .operations.ports import port_problem
+from .operations.workers import default_workers, serve_in_workers
+from .streams.guard import memory_problem
+from .transport.codes import ProtocolError
 
 
 MAX_PORT = 65535

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .metrics import Metrics
+from .operations.metrics import Metrics
 
 if TYPE_CHECKING:
     from ..engine import ASREngine
@@ -37,7 +37,8 @@ class ServerConfig:
     max_upload_seconds: float = 4 * 3600.0  # audio in one upload
     upload_timeout: float = 600.0  # for a whole upload body to arrive
     ports: dict[str, int] = field(default_factory=dict)  # actual ports once listening
-    # a worker process (workers.py): door -> the listening sockets it shares with the other workers
+    # a worker process (operations/workers.py): door -> the listening sockets it shares with the
+    # other workers
     listen_fds: dict[str, list[int]] = field(default_factory=dict)
 
 
@@ -63,7 +64,7 @@ class ServerContext:
     estimator: WaitEstimator = field(default_factory=WaitEstimator)
     shutdown: trio.Event = field(default_factory=trio.Event)  # draining: accept nothing new
     drain_expired: trio.Event = field(default_factory=trio.Event)  # the drain timeout passed: finalize every segment
-    connection_closed: trio.Event = field(default_factory=trio.Event)  # since the last memory reclaim (memory.py)
+    connection_closed: trio.Event = field(default_factory=trio.Event)  # since the last memory reclaim (operations/memory.py)
     open_sessions: int = 0
     open_uploads: int = 0
 

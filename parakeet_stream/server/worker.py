@@ -1,5 +1,5 @@
-"""One worker process of `parakeet-serve --workers N` (workers.py): the server's doors on the
-listening sockets it inherited, with the engine of the main process behind an EngineClient."""
+"""One worker process of `parakeet-serve --workers N` (operations/workers.py): the server's doors
+on the listening sockets it inherited, with the engine of the main process behind an EngineClient."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +12,7 @@ import trio
 from ..engine.client import EngineClient
 from .cli import build_parser, log_format, run, server_config
 from .context import ServerContext
-from .workers import ENGINE_SOCKET, LISTEN_FDS, READY_FD, WORKER_INDEX
+from .operations.workers import ENGINE_SOCKET, LISTEN_FDS, READY_FD, WORKER_INDEX
 
 
 def main(argv: list[str] | None = None) -> int:

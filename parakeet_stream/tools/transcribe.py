@@ -1,6 +1,6 @@
 """`parakeet-transcribe`: transcribe audio files through the cache-aware streaming engine.
 
-Every file becomes a bulk stream of the engine, fed by the server's file path (server/files:
+Every file becomes a bulk stream of the engine, fed by the server's file path (server/protocols/files:
 decoded block by block, pushed as fast as the engine takes it); as many files as the engine has
 slots are decoded together in its batches, many chunks a step, in the model's longest lookahead
 mode unless --lookahead says otherwise. Output: text, JSON, or SRT / WebVTT subtitles, printed or
@@ -35,8 +35,8 @@ from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
 from ..model.precision import set_precision
 from ..model.registry import HUB_ALIASES
-from ..server.files.batch import ArraySource, FileSource, transcribe_files
-from ..server.files.transcript import FileTranscript
+from ..server.protocols.files.batch import ArraySource, FileSource, transcribe_files
+from ..server.protocols.files.transcript import FileTranscript
 
 FORMATS = ("txt", "json", "srt", "vtt")
 

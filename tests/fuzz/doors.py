@@ -21,9 +21,9 @@ from helpers import Raw, http_get, result_tokens, transcribe_raw
 from hypothesis import strategies as st
 
 from parakeet_stream.client import encode_audio
-from parakeet_stream.server.codes import POLICIES
 from parakeet_stream.server.protocols import openai_realtime
 from parakeet_stream.server.protocols.vllm import VLLM_CODES
+from parakeet_stream.server.transport.codes import POLICIES
 
 from . import exchanges
 from .answers import safe

@@ -25,7 +25,7 @@ PIECE_BYTES = 3200  # good calls send 100 ms pieces (16 kHz PCM16)
 
 
 # -- gRPC (NVIDIA Riva) -----------------------------------------------------------------------
-# the statuses server/riva/errors.py documents for what a client sends (never UNKNOWN or INTERNAL)
+# the statuses server/protocols/riva/errors.py documents for what a client sends (never UNKNOWN or INTERNAL)
 RIVA_STATUSES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
                  grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.OUT_OF_RANGE}
 RIVA_RESPONSES = {"StreamingRecognize": rasr.StreamingRecognizeResponse, "Recognize": rasr.RecognizeResponse,
@@ -86,7 +86,7 @@ def check_uploads(api_answer: Callable[[Answer], None]) -> Callable[[list, int |
     def check(uploads: list[exchanges.Upload], close_code: int | None) -> None:
         for upload in uploads:
             answer = upload.answer
-            # (a half-close after the whole body is taken for a client that left: files/exchange.py)
+            # (a half-close after the whole body is taken for a client that left: server/protocols/files/exchange.py)
             assert answer is not None or upload.ending != "probe", upload
             if answer is None:
                 continue

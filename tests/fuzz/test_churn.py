@@ -2,7 +2,7 @@
 
 - rounds of 500 abrupt resets spread over every streaming door (each after a handshake and a
   second of audio) with clients beside them that flood answers they never read: after a first
-  round, RSS stays flat (the memory closed connections leave is handed back, server/memory.py);
+  round, RSS stays flat (the memory closed connections leave is handed back, server/operations/memory.py);
 - queued connections that fill their audio budget and never read, on every door: each costs
   at most the per-connection bound of docs/protocol.md section 5 (`guard.connection_bytes`).
 """
@@ -17,7 +17,7 @@ from helpers import Server, assert_clean_log
 
 from parakeet_stream.client import encode_audio
 from parakeet_stream.server import ServerConfig
-from parakeet_stream.server.guard import connection_bytes
+from parakeet_stream.server.streams.guard import connection_bytes
 
 from .clients import GONE, LineClient, WsClient, open_stream, reset
 

@@ -1,24 +1,4 @@
-"""The protocols the server speaks, one module each: a module translates one API's messages
-(its Session subclass) and declares how a connection reaches it (its `Protocol` entries: door,
-WebSocket path and dialect, handshake, error codes).
-
-Adding a protocol = one new module + one line in PROTOCOLS. A connection is served by the first
-entry that accepts its door, path and query: the catch-all native entries come last.
-"""
-from __future__ import annotations
-
-from ..protocol import Protocol
-from . import deepgram, flux, native, openai_realtime, vllm
-
-PROTOCOLS: tuple[Protocol, ...] = (
-    openai_realtime.PROTOCOL,  # ws /v1/realtime, with intent=transcription or model=... in the URL
-    vllm.PROTOCOL,  # ws /v1/realtime
-    deepgram.PROTOCOL,  # ws /v1/listen
-    flux.PROTOCOL,  # ws /v2/listen
-    native.WEBSOCKET,  # ws, any other path
-    native.TCP,  # tcp
-)
-
-
-def find(door: str, path: str, query: dict[str, str]) -> Protocol:
-    return next(p for p in PROTOCOLS if p.serves(door, path, query))
+"""The APIs the server speaks, one module each (native, OpenAI Realtime, vLLM, Deepgram live and Flux, and the
+file upload APIs openai_files.py and deepgram_files.py), the registry that lists them
+(registry.py), the doors that route a TCP or WebSocket client to one (doors.py), file
+transcription (files/) and NVIDIA Riva ASR over gRPC (riva/)."""

@@ -7,8 +7,8 @@ where a segment ends at the model's end of utterance (`speech_final`, unless `en
 at `Finalize` (`from_finalize`) or at the end of the stream.
 `UtteranceEnd` follows once `utterance_end_ms` of audio passed after the last finalized word.
 `Metadata` is the last message before the close. Each `Finalize` ends the segment; later audio
-opens a new one (see segments.py: audio sent meanwhile waits for it, times count from the start
-of the connection). Every segment boosts the key phrases the URL names (`keyterm`, `keywords`).
+opens a new one (see streams/segments.py: audio sent meanwhile waits for it, times count from the
+start of the connection). Every segment boosts the key phrases the URL names (`keyterm`, `keywords`).
 """
 from __future__ import annotations
 
@@ -24,20 +24,20 @@ from typing import TYPE_CHECKING, Any
 
 from ... import audio
 from ...engine.phrases import MAX_WEIGHT, Phrase, PhraseError, check_phrases
-from ..codes import ProtocolError
-from ..phrases import refused
-from ..protocol import Accept, Handshake, Protocol, Refusal, check_access
-from ..schema import Message, Schema
-from ..segments import State
-from ..session import Session
-from ..wire import decode_bytes, parse_sample_rate
-from ..words import WordTracker, first_text_time, transcript_confidence
+from ..streams.phrases import refused
+from ..streams.protocol import Accept, Handshake, Protocol, Refusal, check_access
+from ..streams.schema import Message, Schema
+from ..streams.segments import State
+from ..streams.session import Session
+from ..streams.wire import decode_bytes, parse_sample_rate
+from ..streams.words import WordTracker, first_text_time, transcript_confidence
+from ..transport.codes import ProtocolError
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
-    from ..connection import Connection
     from ..context import ServerContext
-    from ..segment import Segment
+    from ..streams.connection import Connection
+    from ..streams.segment import Segment
 
 PATH = "/v1/listen"
 ENCODINGS = {"linear16": "pcm16", "mulaw": "mulaw", "alaw": "alaw"}

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from functools import partial
 
 from ...engine.phrases import Phrase
-from .. import wire
-from ..codes import ProtocolError
 from ..context import ServerContext
-from ..files.exchange import Exchange, UploadError
-from ..files.spool import Spool
-from ..files.transcript import FileTranscript
-from ..files.upload import check_key, open_audio, transcribe, upload_slot
-from ..words import transcript_confidence
+from ..streams import wire
+from ..streams.words import transcript_confidence
+from ..transport.codes import ProtocolError
 from . import deepgram
+from .files.exchange import Exchange, UploadError
+from .files.spool import Spool
+from .files.transcript import FileTranscript
+from .files.upload import check_key, open_audio, transcribe, upload_slot
 
 PATH = deepgram.PATH
 PROTOCOL = "deepgram_files"

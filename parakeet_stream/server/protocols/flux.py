@@ -30,20 +30,20 @@ import msgspec
 
 from ... import audio
 from ...engine.phrases import Phrase
-from ..codes import ProtocolError
-from ..protocol import Protocol
-from ..schema import Message, Schema
-from ..segments import State
-from ..session import Session
-from ..wire import decode_bytes, parse_sample_rate
-from ..words import WordTracker, pieces
+from ..streams.protocol import Protocol
+from ..streams.schema import Message, Schema
+from ..streams.segments import State
+from ..streams.session import Session
+from ..streams.wire import decode_bytes, parse_sample_rate
+from ..streams.words import WordTracker, pieces
+from ..transport.codes import ProtocolError
 from .deepgram import ENCODINGS, handshake_for, parse_phrases
 from .flux_turns import Event, Thresholds, TurnTaking
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
-    from ..connection import Connection
-    from ..segment import Segment
+    from ..streams.connection import Connection
+    from ..streams.segment import Segment
 
 PATH = "/v2/listen"
 # Deepgram's documented ranges and defaults

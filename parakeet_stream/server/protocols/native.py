@@ -15,22 +15,22 @@ from ... import audio
 from ...engine.phrases import Phrase, PhraseError, check_phrases
 from ...model import config as model_config
 from ...model.config import Lookahead
-from ..channel import ChannelClosed
-from ..codes import ProtocolError
-from ..guard import key_ok
-from ..phrases import refused
-from ..protocol import Accept, Protocol, Refusal
-from ..schema import InvalidField, Message, Schema
-from ..session import Session
-from ..wire import ENCODINGS, decode_bytes, decode_samples, parse_sample_rate
-from ..words import WordTracker
+from ..streams.guard import key_ok
+from ..streams.phrases import refused
+from ..streams.protocol import Accept, Protocol, Refusal
+from ..streams.schema import InvalidField, Message, Schema
+from ..streams.session import Session
+from ..streams.wire import ENCODINGS, decode_bytes, decode_samples, parse_sample_rate
+from ..streams.words import WordTracker
+from ..transport.channel import ChannelClosed
+from ..transport.codes import ProtocolError
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
-    from ..connection import Connection
     from ..context import ServerContext
-    from ..segment import Segment
-    from ..tcp import TcpChannel
+    from ..streams.connection import Connection
+    from ..streams.segment import Segment
+    from ..transport.tcp import TcpChannel
 
 PROTOCOL_VERSION = 4  # 3: results carry `words`; 4: start takes `phrases`, hello and started echo them
 PRE_AUTH_MAX_LINE = 65536  # TCP with an API key: the longest first line (it carries the key)

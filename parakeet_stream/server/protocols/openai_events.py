@@ -4,7 +4,7 @@ a `session.update` sets: only these typed, bounded values are echoed in `session
 The types follow the `openai` SDK's (3.x); fields it has that we do not use are skipped. Numbers
 and strings that are echoed are bounded, so that what we send back is always valid JSON of a
 sensible size (an integer beyond 64 bits, a 1 MB prompt or a 300-deep array are refused).
-The transcription's `keywords` and `prompt` become the session's key phrases (server/phrases.py).
+The transcription's `keywords` and `prompt` become the session's key phrases (server/streams/phrases.py).
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from ...engine.phrases import MAX_PHRASES, Phrase
-from ..codes import ProtocolError
-from ..phrases import FieldPhraseError, openai_phrases
-from ..schema import InvalidField, Message, Schema
-from ..wire import parse_sample_rate
+from ..streams.phrases import FieldPhraseError, openai_phrases
+from ..streams.schema import InvalidField, Message, Schema
+from ..streams.wire import parse_sample_rate
+from ..transport.codes import ProtocolError
 
 DEFAULT_RATE = 24000  # OpenAI's PCM rate
 G711_FORMATS = {"audio/pcmu": "mulaw", "audio/pcma": "alaw"}

@@ -4,7 +4,7 @@
 A multipart form: `file` (the audio), `response_format` (json, text, verbose_json, srt, vtt),
 `timestamp_granularities[]` (word, segment: verbose_json's `words` and `segments`), `stream`
 (true: server-sent events `transcript.text.delta` as the text is decoded, then
-`transcript.text.done`), `keywords[]` and `prompt` (key phrases: server/phrases.py). Accepted and
+`transcript.text.done`), `keywords[]` and `prompt` (key phrases: server/streams/phrases.py). Accepted and
 ignored: `model`, `language`, `temperature` and the other hints in IGNORED. Errors are OpenAI's
 `{"error": {message, type, param, code}}`.
 """
@@ -18,15 +18,15 @@ import trio
 
 from ... import subtitles
 from ...engine.phrases import Phrase
-from .. import wire
 from ..context import ServerContext
-from ..files.exchange import Exchange, UploadError
-from ..files.form import FormSink
-from ..files.spool import Spool
-from ..files.transcript import FileTranscript
-from ..files.upload import check_key, open_audio, transcribe, upload_slot
-from ..guard import bearer_token
-from ..phrases import FieldPhraseError, openai_phrases
+from ..streams import wire
+from ..streams.guard import bearer_token
+from ..streams.phrases import FieldPhraseError, openai_phrases
+from .files.exchange import Exchange, UploadError
+from .files.form import FormSink
+from .files.spool import Spool
+from .files.transcript import FileTranscript
+from .files.upload import check_key, open_audio, transcribe, upload_slot
 
 PATH = "/v1/audio/transcriptions"
 PROTOCOL = "openai_files"

@@ -19,20 +19,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...engine.phrases import PhraseError
-from ..codes import KEEP_OPEN, ProtocolError
-from ..protocol import Protocol
-from ..schema import InvalidField
-from ..segments import State
-from ..session import Session
-from ..wire import decode_bytes
-from ..words import first_text_time
+from ..streams.protocol import Protocol
+from ..streams.schema import InvalidField
+from ..streams.segments import State
+from ..streams.session import Session
+from ..streams.wire import decode_bytes
+from ..streams.words import first_text_time
+from ..transport.codes import KEEP_OPEN, ProtocolError
 from .openai_events import (SCHEMA, TRANSCRIPTION_PATH, Append, Clear, Commit, SessionUpdate, Settings, Transcription,
                             client_event_id)
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
-    from ..connection import Connection
-    from ..segment import Segment
+    from ..streams.connection import Connection
+    from ..streams.segment import Segment
 
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 SERVER_ERRORS = {"inference_error", "internal_error"}
@@ -70,7 +70,7 @@ class Item:
 
 
 class OpenAIRealtimeSession(Session):
-    """The input buffer's commit and clear decide on the segments' state (segments.py):
+    """The input buffer's commit and clear decide on the segments' state (streams/segments.py):
 
     | state    | commit                                             | clear                          |
     | IDLE     | input_audio_buffer_commit_empty                    | cleared                        |

@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..codes import ProtocolError
-from ..protocol import Protocol
-from ..schema import Message, Schema
-from ..segments import State
-from ..session import Session
-from ..wire import decode_bytes, parse_sample_rate
+from ..streams.protocol import Protocol
+from ..streams.schema import Message, Schema
+from ..streams.segments import State
+from ..streams.session import Session
+from ..streams.wire import decode_bytes, parse_sample_rate
+from ..transport.codes import ProtocolError
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
-    from ..connection import Connection
-    from ..segment import Segment
+    from ..streams.connection import Connection
+    from ..streams.segment import Segment
 
 # our codes -> the names vLLM's realtime server uses for the same failures
 VLLM_CODES = {

@@ -1,0 +1,228 @@
+"""The segments of one connection, one at a time.
+
+The native protocol runs one segment per connection. The others run several in turn, one per
+utterance the client ends (Deepgram's Finalize, OpenAI's commit, vLLM's commit final): once a
+segment's input is final it drains (the engine transcribes what is left), and the next audio
+opens a new segment. Here, once for every such protocol:
+- the state every protocol's commit / clear / finalize decides on (`state`: IDLE, OPEN,
+  DRAINING); those transitions are synchronous (see session.py);
+- audio sent while the previous segment drains waits (within the audio budget) for the next
+  one, and so do the protocol's actions queued behind it (`defer`), in order;
+- times count from the connection: a segment starts at `offset`, the audio before it (audio
+  dropped while it waited included).
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import trio
+
+from ... import audio
+from ..transport.channel import ChannelClosed
+from ..transport.codes import ProtocolError
+from ..transport.wakeup import Wakeup
+from .guard import backlog_samples
+from .segment import Segment
+
+if TYPE_CHECKING:
+    from ...engine.phrases import Phrase
+    from ..context import ServerContext
+    from ..transport.channel import Channel
+
+# while reading is paused for back-pressure, how often to look whether the client is gone
+PEER_CHECK_S = 0.1
+
+Deferred = Callable[[], None]
+
+
+class State(enum.Enum):
+    IDLE = "idle"  # no segment: the next audio opens one
+    OPEN = "open"  # the current segment takes audio
+    DRAINING = "draining"  # its input is final: audio and deferred actions wait for the next
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Held audio that was dropped: its time still passes before the next segment's."""
+
+    seconds: float
+
+
+class Segments:
+    def __init__(self, ctx: ServerContext, channel: Channel, metric: str, several: bool) -> None:
+        self.ctx = ctx
+        self.several = several  # False: one segment per connection, audio after its end refused
+        self.current: Segment | None = None
+        self.changed = Wakeup()  # the writer has work: engine news (results, queue position) or posted messages
+        self.progress = Wakeup()  # the engine consumed audio
+        self.rate = audio.SAMPLE_RATE  # of the client's audio
+        self.offset = 0.0  # connection seconds where the current (or next) segment starts
+        self.end_after: str | None = None  # end the connection for this reason once the current segment is done
+        self.phrases: tuple[Phrase, ...] = ()  # what each segment opened from now on boosts
+        self._channel = channel
+        self._metric = metric
+        self._budget = backlog_samples(ctx.config)
+        self._held: list[np.ndarray | Gap | Deferred] = []  # waiting for the next segment, in order
+        self._held_samples = 0
+
+    # -- state the connection and the protocols look at ---------------------------------
+    @property
+    def state(self) -> State:
+        if self.current is None:
+            return State.IDLE
+        return State.DRAINING if self.current.final else State.OPEN
+
+    @property
+    def draining(self) -> bool:
+        """The current segment's input is final; its last results are still to come."""
+        return self.state is State.DRAINING
+
+    @property
+    def holding(self) -> bool:
+        """Audio waits for the next segment, behind the last deferred action."""
+        for item in reversed(self._held):
+            if callable(item):
+                return False
+            if isinstance(item, np.ndarray):
+                return True
+        return False
+
+    @property
+    def received_seconds(self) -> float:
+        """All the audio the client sent."""
+        current = 0.0 if self.current is None else self.current.input_seconds
+        gaps = sum(item.seconds for item in self._held if isinstance(item, Gap))
+        return self.offset + current + gaps + self._held_samples / self.rate
+
+    @property
+    def active(self) -> bool:
+        """A segment holds a slot and goes on."""
+        segment = self.current
+        return segment is not None and not segment.finished and segment.position() == 0
+
+    @property
+    def waiting_on_server(self) -> bool:
+        """The client waits for us (queued, or for a final result), so its silence is no idleness."""
+        segment = self.current
+        return segment is not None and (segment.final or segment.admitted_at is None)
+
+    # -- segments ------------------------------------------------------------------------
+    def open(self, lookahead: tuple[int, int] | None = None) -> Segment:
+        config = self.ctx.config
+        self.current = Segment(
+            self.ctx.engine, self.changed, lookahead, self.rate, config.max_stream_seconds, self.offset, self._budget,
+            self.phrases,
+        )
+        self.ctx.metrics.streams.labels(self._metric).inc()
+        return self.current
+
+    async def push(self, samples: np.ndarray) -> None:
+        """Add audio to the current segment (opened if there is none), or hold it while the
+        previous one drains. Over the audio budget, wait: reading is paused, so the client is
+        slowed by flow control."""
+        segment = self._taker(samples)
+        if segment is None:
+            return
+        while not segment.add(samples):
+            segment.flush(force=segment.admitted_at is not None)
+            with trio.move_on_after(PEER_CHECK_S):
+                await self.progress.wait()
+            if self._channel.peer_gone():  # nobody reads the socket now: look at it directly
+                raise ChannelClosed()
+        self._check_limit(segment)
+
+    def _taker(self, samples: np.ndarray) -> Segment | None:
+        """The segment that takes `samples` (opened if needed); None: held, or nothing to take."""
+        if not len(samples):
+            return None
+        if self.state is State.DRAINING and self.several:
+            self._hold(samples)
+            return None
+        return self.current or self.open()
+
+    def _check_limit(self, segment: Segment) -> None:
+        if segment.limit_reached:
+            self.end_after = "max_stream_seconds"
+
+    def _hold(self, samples: np.ndarray) -> None:
+        held = self._held_samples + len(samples)
+        if -(-held * self.ctx.engine.info.sample_rate // self.rate) > self._budget:
+            raise ProtocolError("message_too_large", "too much audio sent while the previous segment finishes")
+        self._held.append(samples)
+        self._held_samples = held
+
+    def defer(self, action: Deferred) -> None:
+        """While a segment drains: run `action` after the audio already waiting has gone to the next one."""
+        self._held.append(action)
+
+    def drop_held(self) -> None:
+        """Forget the audio waiting behind the last deferred action (its time still passes)."""
+        keep = len(self._held)
+        while keep and not callable(self._held[keep - 1]):
+            keep -= 1
+        dropped = [item for item in self._held[keep:] if isinstance(item, np.ndarray)]
+        samples = sum(len(item) for item in dropped)
+        seconds = samples / self.rate + sum(item.seconds for item in self._held[keep:] if isinstance(item, Gap))
+        self._held[keep:] = [Gap(seconds)] if seconds else []
+        self._held_samples -= samples
+
+    def replay(self) -> None:
+        """The next segment takes what waited, in order: audio, and the actions deferred behind
+        it, until one of them makes its input final; the rest waits for the segment after. Held
+        audio fits its budget (it was counted against it), so nothing waits here."""
+        held, self._held, self._held_samples = self._held, [], 0
+        for index, item in enumerate(held):
+            if self.state is State.DRAINING:
+                self._held = held[index:]
+                self._held_samples = sum(len(part) for part in self._held if isinstance(part, np.ndarray))
+                return
+            if isinstance(item, np.ndarray):
+                self._take_now(item)
+            elif isinstance(item, Gap):  # only ever first, or behind a deferred action
+                self.offset += item.seconds
+            else:
+                item()
+
+    def _take_now(self, samples: np.ndarray) -> None:
+        segment = self.current or self.open()
+        if not segment.add(samples):
+            raise ProtocolError("message_too_large", "too much audio sent while the previous segment finishes")
+        self._check_limit(segment)
+
+    def flush(self) -> None:
+        if self.current is not None:
+            self.current.flush()
+
+    def finalize(self) -> None:
+        if self.current is not None:
+            self.current.finalize()
+            self.changed.set()
+
+    def finish(self, segment: Segment) -> None:
+        """Its final result was delivered: free its slot; the next segment starts after its audio."""
+        self._advance(segment)
+
+    def discard(self) -> None:
+        """Drop the current segment, unfinished: free its slot; its audio counts as time passed."""
+        if self.current is not None:
+            self._advance(self.current)
+
+    def close(self) -> None:
+        """The connection ends: free the slot."""
+        if self.current is not None:
+            self._release(self.current)
+
+    def _advance(self, segment: Segment) -> None:
+        self._release(segment)
+        self.offset = segment.offset + segment.input_seconds
+        if segment is self.current:
+            self.current = None
+
+    def _release(self, segment: Segment) -> None:
+        held = segment.release()
+        if held is not None:
+            self.ctx.estimator.record_hold(held)
