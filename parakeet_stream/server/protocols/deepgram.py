@@ -250,19 +250,12 @@ class DeepgramSession(Session):
         # KeepAlive: receiving it restarted the idle clock
 
     def _finalize(self, from_finalize: bool) -> bool:
-        """End the current segment's input (flushing its words); False when there is no audio to
-        end. `from_finalize`: its final Results answers a Finalize."""
-        segments = self.segments
-        match segments.state:
-            case State.DRAINING:  # then the audio waiting behind it
-                if segments.holding:
-                    segments.defer(functools.partial(self._finalize, from_finalize))
-                return True
-            case State.OPEN if segments.current.received_samples:
-                self._from_finalize = from_finalize
-                segments.current.finalize()
-                return True
-        return False
+        """End the current segment's input (flushing its words), or the audio waiting behind it;
+        False when there is no audio to end. `from_finalize`: its final Results answers a Finalize."""
+        ended = self.segments.end_input(functools.partial(self._finalize, from_finalize))
+        if ended is State.OPEN:
+            self._from_finalize = from_finalize
+        return ended is not None
 
     def _close_stream(self) -> None:
         """CloseStream: once every segment is transcribed, Metadata and the close."""

@@ -203,18 +203,12 @@ class FluxSession(Session):
             self.options.thresholds, given.eot_threshold, given.eager_eot_threshold, given.eot_timeout_ms)
 
     def _end_segment(self, manual: bool) -> bool:
-        """End the current segment's input; False when there is no audio to end."""
-        segments = self.segments
-        match segments.state:
-            case State.DRAINING:
-                if segments.holding:
-                    segments.defer(lambda: self._end_segment(manual))
-                return True
-            case State.OPEN if segments.current.received_samples:
-                self._manual = manual
-                segments.current.finalize()
-                return True
-        return False
+        """End the current segment's input, or the audio waiting behind it; False when there is no
+        audio to end. `manual`: its final result ends the turn (ForceEndTurn)."""
+        ended = self.segments.end_input(lambda: self._end_segment(manual))
+        if ended is State.OPEN:
+            self._manual = manual
+        return ended is not None
 
     def _close_stream(self) -> None:
         """CloseStream: once every segment is transcribed (its turn ended), the close."""

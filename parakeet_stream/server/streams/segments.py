@@ -155,6 +155,20 @@ class Segments:
         self._held.append(samples)
         self._held_samples = held
 
+    def end_input(self, again: Deferred) -> State | None:
+        """End the current segment's input (a protocol's Finalize, ForceEndTurn, close): OPEN, it
+        ended now; DRAINING, the segment before still drains, and `again` runs once the audio held
+        behind it went to the next one (if any is held); None, no audio to end."""
+        match self.state:
+            case State.DRAINING:
+                if self.holding:
+                    self.defer(again)
+                return State.DRAINING
+            case State.OPEN if self.current.received_samples:
+                self.current.finalize()
+                return State.OPEN
+        return None
+
     def defer(self, action: Deferred) -> None:
         """While a segment drains: run `action` after the audio already waiting has gone to the next one."""
         self._held.append(action)
