@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    missing=$(for p in espeak-ng chromium haproxy fortunes; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
+    # podman, mmdebstrap and runc (podman's runtime on every cgroup layout): the container image test
+    missing=$(for p in espeak-ng chromium haproxy fortunes podman mmdebstrap runc; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
     if [ -n "$missing" ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
     fi

@@ -233,3 +233,39 @@ def test_the_websocket_example_says_when_its_stream_ended_without_the_final_resu
 def active_streams(server: ServerProcess) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.ports['http']}/health", timeout=5) as answer:
         return json.loads(answer.read())["active"]
+
+
+def test_options_come_from_parakeet_variables_and_flags_win(monkeypatch):
+    monkeypatch.setenv("PARAKEET_HOST", "0.0.0.0")
+    monkeypatch.setenv("PARAKEET_DRAIN_TIMEOUT", "60")
+    monkeypatch.setenv("PARAKEET_LOOKAHEAD", "70,6")  # the first of an option's names
+    monkeypatch.setenv("PARAKEET_GRPC_PORT", "off")
+    monkeypatch.setenv("PARAKEET_PORT", "not a port")  # not read: the command line sets --port
+    monkeypatch.setenv("PARAKEET_API_KEY", "")  # empty: unset
+    monkeypatch.setenv("PARAKEET_CHECK", "1")  # options without a value are flags only
+    args = build_parser().parse_args(["--drain-timeout", "5", "--port=9"])
+    assert (args.host, args.drain_timeout, args.lookahead, args.grpc_port, args.port) == ("0.0.0.0", 5.0, (70, 6), None, 9)
+    assert args.api_key is None and not args.check
+
+
+def test_a_bad_variable_is_refused_in_one_line_that_names_it(monkeypatch, capsys):
+    monkeypatch.setenv("PARAKEET_LOG_LEVEL", "loud")
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([])
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("parakeet-serve: error: argument --log-level: invalid choice: 'loud' (choose from ")
+    assert line.endswith(" (from PARAKEET_LOG_LEVEL)")
+
+
+def test_workers_without_a_writable_temporary_folder_are_refused_before_the_model_loads(monkeypatch, capsys):
+    from parakeet_stream.server import cli
+
+    def no_folder():
+        raise FileNotFoundError("No usable temporary directory found in ['/tmp']")
+
+    monkeypatch.setattr(cli.tempfile, "gettempdir", no_folder)
+    monkeypatch.setattr(cli, "ASREngine", None)  # never reached
+    assert cli.main(["--workers", "1", "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0"]) == 2
+    assert one_line(capsys.readouterr().err).startswith(
+        "parakeet-serve: error: worker processes need a writable temporary folder (TMPDIR or /tmp; a container")

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable
 
 import trio
@@ -27,7 +29,10 @@ from .transport.codes import ProtocolError
 
 
 MAX_PORT = 65535
-EPILOG = ("It prints its configuration, then one `parakeet-serve ready: ...` line. Ctrl-C (or SIGTERM) stops taking "
+ENV_PREFIX = "PARAKEET_"
+EPILOG = ("Every option that takes a value may also come from the environment: PARAKEET_ and the option's name in "
+          "capitals, - as _ (PARAKEET_DRAIN_TIMEOUT=60 is --drain-timeout 60); the command line wins. "
+          "It prints its configuration, then one `parakeet-serve ready: ...` line. Ctrl-C (or SIGTERM) stops taking "
           "streams and lets active ones finish; a second Ctrl-C stops at once.")
 
 
@@ -40,8 +45,36 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class _EnvParser(argparse.ArgumentParser):
+    """Reads PARAKEET_<OPTION> variables as if they came first on the command line, so that flags
+    given there win and every value is checked as a flag's is (a container is configured either way)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        given = {arg.split("=")[0] for arg in args}
+        self._from_env = {flag: found for flag, found in env_flags(self).items() if flag not in given}
+        return super().parse_known_args([f"{flag}={value}" for flag, (_, value) in self._from_env.items()] + args,
+                                        namespace)
+
+    def error(self, message: str):
+        for flag, (variable, _) in getattr(self, "_from_env", {}).items():
+            if message.startswith(f"argument {flag}"):
+                message += f" (from {variable})"
+        super().error(message)
+
+
+def env_flags(parser: argparse.ArgumentParser) -> dict[str, tuple[str, str]]:
+    """flag -> (variable, value) for each option with a value that a non-empty PARAKEET_<OPTION> sets."""
+    found = {}
+    for action in parser._actions:
+        variable = ENV_PREFIX + action.dest.upper()
+        if action.option_strings and action.nargs != 0 and os.environ.get(variable):
+            found[action.option_strings[0]] = (variable, os.environ[variable])
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _EnvParser(
         prog="parakeet-serve", description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: everywhere)")
@@ -214,7 +247,8 @@ async def _watch_signals(ctx: ServerContext, scope: trio.CancelScope, outcome: l
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.device = resolve_device(args.device)
-    problem = port_problem(args.host, _ports(args))
+    workers = default_workers(args.device) if args.workers == "auto" else args.workers
+    problem = port_problem(args.host, _ports(args)) or (temp_problem() if workers else None)
     if problem:
         print(f"parakeet-serve: error: {problem}", file=sys.stderr)
         return 2
@@ -246,7 +280,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parakeet-serve: refusing to start: {problem}", file=sys.stderr)
         return 2
     freeze_startup_objects()
-    workers = default_workers(args.device) if args.workers == "auto" else args.workers
     with engine:
         try:
             if workers:
@@ -263,6 +296,16 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     print(f"parakeet-serve stopped ({outcome})", flush=True)
     return 0
+
+
+def temp_problem() -> str | None:
+    """Worker processes reach the engine through a socket in a temporary folder: why none is writable, or None."""
+    try:
+        tempfile.gettempdir()
+    except OSError as exc:
+        return (f"worker processes need a writable temporary folder (TMPDIR or /tmp; a container with a read-only "
+                f"root needs a tmpfs on /tmp) or --workers 0: {exc}")
+    return None
 
 
 def log_format(process: str | None = None) -> str:
