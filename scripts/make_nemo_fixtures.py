@@ -6,6 +6,9 @@ NeMo ``EncDecRNNTBPEModel``s with the real structural options of the two served 
 families (from the model_config.yaml in NVIDIA's checkpoints on Hugging Face,
 nvidia/parakeet_realtime_eou_120m-v1 and nvidia/nemotron-speech-streaming-en-0.6b; the full-size
 configurations built from them are kept as tests/fixtures/nemo/{small,large}_model_config.yaml),
+and a tiny ``EncDecRNNTBPEModelWithPrompt`` for the multilingual family
+(nvidia/nemotron-3.5-asr-streaming-0.6b: left context 56, five lookahead modes, language-ID
+prompts, language-tag pieces; decoded once per prompt, after ``set_inference_prompt``),
 shapes their weights so every greedy decision has a wide logit margin, runs NeMo's own
 cache-aware streaming (exactly as
 examples/asr/asr_cache_aware_streaming/speech_to_text_cache_aware_streaming_infer.py does) and its
@@ -21,7 +24,9 @@ Outputs (committed):
   tests/fixtures/nemo/reference.json                tokens, per-chunk tokens, streaming cfg, margins
   tests/fixtures/nemo/reference.safetensors         features / encoder outputs (float32)
   tests/fixtures/nemo/full_size_keys.json           state_dict key -> shape of the full-size models
-  tests/fixtures/nemo/{small,large}_model_config.yaml  model_config.yaml NeMo writes for them
+  tests/fixtures/nemo/{small,large,multilingual}_model_config.yaml  model_config.yaml NeMo writes for them
+  tests/fixtures/nemo/prompt_tiny.nemo              nemotron-3.5-asr-streaming-0.6b structure, tiny
+  tests/fixtures/nemo/prompt_reference.{json,safetensors}  the same records per prompt, plus NeMo's text
 
 Set up NeMo in its own venv, OUTSIDE the repo (it is never a project dependency); NEMO_VENV is
 any folder of your choice:
@@ -48,6 +53,10 @@ training; the full-size builds take well under a minute):
 
     $NEMO_VENV/bin/python scripts/make_nemo_fixtures.py
     $NEMO_VENV/bin/python scripts/make_nemo_fixtures.py --skip-full-size   # tiny fixtures only
+    # the prompt family alone, on the committed wavs (its files only; full_size_keys.json gains
+    # or replaces its "multilingual" entry); the committed one: --seed 1 (seed 0 left a decision
+    # short of its margin)
+    $NEMO_VENV/bin/python scripts/make_nemo_fixtures.py --family prompt_tiny --seed 1
 
 Everything is seeded. The target token paths are fully determined by the seed and the wavs;
 the trained weights (hence the recorded margins) are not bit-reproducible across runs
@@ -179,6 +188,44 @@ FULL = {
         vocab=1024,
     ),
 }
+# The multilingual family (nvidia/nemotron-3.5-asr-streaming-0.6b: NeMo's
+# EncDecRNNTBPEModelWithPrompt): the English large structure with left context 56, five
+# lookahead modes and language-ID prompt conditioning. Its fixtures are written to their own
+# files (prompt_tiny.nemo, prompt_reference.*) by `--family prompt_tiny`, so the two families
+# above keep theirs byte for byte. Structure values are third-party facts about the released
+# checkpoint (its model_config.yaml was not read here); the mode order and the prompt
+# dictionary of the full-size dump are illustrative.
+PROMPT_MODES = [[56, 13], [56, 6], [56, 3], [56, 1], [56, 0]]
+PROMPT_TINY = dict(
+    eou=False,
+    n_layers=2,
+    d_model=64,
+    n_heads=4,
+    conv_channels=32,
+    att_context_size=PROMPT_MODES,
+    pred_hidden=48,
+    pred_rnn_layers=2,
+    joint_hidden=48,
+    vocab=128,
+    num_prompts=8,
+    prompt_dictionary={"en-US": 0, "es-ES": 1, "de-DE": 2, "auto": 7},
+    batch_mode=[56, 1],
+)
+PROMPT_FULL = dict(
+    eou=False,
+    n_layers=24,
+    d_model=1024,
+    n_heads=8,
+    conv_channels=256,
+    att_context_size=PROMPT_MODES,
+    pred_hidden=640,
+    pred_rnn_layers=2,
+    joint_hidden=640,
+    vocab=1024,  # BPE pieces; then the language tags and unused user-defined pieces up to `pieces`
+    pieces=13087,  # the released tokenizer's size (blank excluded)
+    num_prompts=128,
+    prompt_dictionary={"en-US": 0, "en-GB": 1, "es-ES": 2, "de-DE": 3, "auto": 101},
+)
 TOKENIZER_PLACEHOLDER = "<TOKENIZER_DIR>"
 BATCH_MODE = [70, 1]  # lookahead mode used for the three-streams-in-one-batch check
 MAX_SYMBOLS = 10
@@ -193,6 +240,12 @@ def modes_of(spec):
 
 def mode_key(mode):
     return f"{mode[0]},{mode[1]}"
+
+
+def language_tags(spec) -> list[str]:
+    """The language-tag pieces a prompt model writes (<en-US>, ...): one per language of its
+    prompt dictionary (`auto` is a prompt, not a language)."""
+    return [f"<{lang}>" for lang in spec.get("prompt_dictionary", {}) if lang != "auto"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,7 +329,8 @@ def _normalize_lower(text: str) -> str:
     return re.sub(r"[^a-z' ]+", " ", text.lower()).strip()
 
 
-def make_tokenizer(out_dir: Path, vocab_size: int, *, lowercase: bool, eou: bool, synthetic_words: int = 0):
+def make_tokenizer(out_dir: Path, vocab_size: int, *, lowercase: bool, eou: bool, synthetic_words: int = 0,
+                   extra: list[str] = ()):
     """Train a BPE sentencepiece tokenizer the way NeMo's create_spt_model does (same trainer
     flags, same tokenizer.model / tokenizer.vocab / vocab.txt files), except with the
     "identity" normaliser: NeMo's default nmt_nfkc embeds a 240 KB charsmap in tokenizer.model,
@@ -285,6 +339,10 @@ def make_tokenizer(out_dir: Path, vocab_size: int, *, lowercase: bool, eou: bool
     EOU family: append <EOU>, <EOB> at the end as USER_DEFINED pieces (type 4, score 0), like
     NeMo's add_special_tokens_to_sentencepiece.py does for parakeet_realtime_eou_120m-v1
     (there: ids 1024, 1025 after 1024 normal pieces, blank = 1026).
+
+    `extra`: more USER_DEFINED pieces appended the same way (the prompt family's language tags
+    <en-US>, ...: single pieces the model writes, which NeMo's decoding turns into text and its
+    strip_lang_tags removes again).
     """
     import sentencepiece as spm
 
@@ -321,16 +379,17 @@ def make_tokenizer(out_dir: Path, vocab_size: int, *, lowercase: bool, eou: bool
         minloglevel=2,
     )
     data.unlink()
-    if eou:
+    appended = (["<EOU>", "<EOB>"] if eou else []) + list(extra)
+    if appended:
         from sentencepiece import sentencepiece_model_pb2 as spt
 
         proto = spt.ModelProto()
         proto.ParseFromString((out_dir / "tokenizer.model").read_bytes())
-        for tok in ("<EOU>", "<EOB>"):
+        for tok in appended:
             proto.pieces.append(spt.ModelProto.SentencePiece(piece=tok, score=0.0, type=4))
         (out_dir / "tokenizer.model").write_bytes(proto.SerializeToString())
         with open(out_dir / "tokenizer.vocab", "a", encoding="utf8") as f:
-            f.write("<EOU>\t0\n<EOB>\t0\n")
+            f.write("".join(f"{tok}\t0\n" for tok in appended))
     # vocab.txt as create_spt_model writes it (special pieces skipped, "##" for word-internal)
     vocab = []
     for line in (out_dir / "tokenizer.vocab").read_text(encoding="utf8").splitlines():
@@ -342,11 +401,8 @@ def make_tokenizer(out_dir: Path, vocab_size: int, *, lowercase: bool, eou: bool
     (out_dir / "vocab.txt").write_text("".join(v + "\n" for v in vocab), encoding="utf8")
     sp = spm.SentencePieceProcessor(model_file=str(out_dir / "tokenizer.model"))
     n = sp.get_piece_size()
-    if eou:
-        assert sp.piece_to_id("<EOU>") == n - 2 and sp.piece_to_id("<EOB>") == n - 1
-        assert n == vocab_size + 2, n
-    else:
-        assert n == vocab_size, n
+    assert n == vocab_size + len(appended), n
+    assert [sp.piece_to_id(tok) for tok in appended] == list(range(vocab_size, n))
     return out_dir
 
 
@@ -356,7 +412,7 @@ def make_tokenizer(out_dir: Path, vocab_size: int, *, lowercase: bool, eou: bool
 
 
 def model_config(spec: dict, tokenizer_dir: str) -> dict:
-    return {
+    cfg = {
         "sample_rate": SR,
         "compute_eval_loss": False,
         "log_prediction": False,
@@ -454,16 +510,25 @@ def model_config(spec: dict, tokenizer_dir: str) -> dict:
         "loss": {"loss_name": "default", "warprnnt_numba_kwargs": {"fastemit_lambda": 0.005, "clamp": -1.0}},
         "optim": None,
     }
+    if "prompt_dictionary" in spec:
+        # EncDecRNNTBPEModelWithPrompt builds prompt_kernel only with initialize_prompt_feature
+        cfg["model_defaults"].update(
+            num_prompts=spec["num_prompts"],
+            prompt_dictionary=dict(spec["prompt_dictionary"]),
+            initialize_prompt_feature=True,
+        )
+    return cfg
 
 
 def build_model(spec: dict, tokenizer_dir: Path, seed: int):
     import torch
     from nemo.collections.asr.models import EncDecRNNTBPEModel
+    from nemo.collections.asr.models.rnnt_bpe_models_prompt import EncDecRNNTBPEModelWithPrompt
     from omegaconf import OmegaConf, open_dict
 
     torch.manual_seed(seed)
     cfg = OmegaConf.create(model_config(spec, str(tokenizer_dir)))
-    model = EncDecRNNTBPEModel(cfg=cfg)
+    model = (EncDecRNNTBPEModelWithPrompt if "prompt_dictionary" in spec else EncDecRNNTBPEModel)(cfg=cfg)
     model.eval()
     with open_dict(model.cfg):
         # the files are registered as artifacts (tokenizer.model_path etc.); the temporary
@@ -588,6 +653,11 @@ class Policy:
         self.P = torch.randn(n_tokens + n_none, d_model, generator=g)
         self.n_tokens = n_tokens
         self.eou = eou_id
+        self.ends = {eou_id}  # the labels end_label may give
+
+    def end_label(self, f_row):
+        """The label the first silent frame after speech emits (None: blank)."""
+        return self.eou
 
     def labels(self, f_row, energy, th, recent):
         """Labels emitted at one frame given the last two labels before it (blank excluded)."""
@@ -596,8 +666,9 @@ class Policy:
         last = recent[-1] if recent else None
         speech = energy > th[0]
         if not speech:
-            if self.eou is not None and last is not None and last != self.eou:
-                return [self.eou]
+            end = self.end_label(f_row)
+            if end is not None and last is not None and last not in self.ends:
+                return [end]
             return []
         s = self.P @ ((f_row - self.mu) / self.sd)
         order = torch.argsort(s, descending=True).tolist()
@@ -620,16 +691,57 @@ class Policy:
         return decisions, tokens
 
 
+class PromptPolicy(Policy):
+    """`Policy` as one language prompt of a prompt model shapes it: the same frame projection and
+    "nothing" rows for every prompt, but each prompt maps the rows to its own tokens (so a prompt
+    visibly changes the transcript), and the first silent frame after speech emits the prompt's
+    language tag once (`auto`: the tag a fixed random projection of that frame prefers, a
+    stand-in for language identification), as the real model ends a sentence with <en-US>."""
+
+    def __init__(self, base: Policy, tokens: list[int], tag: int | None, tags: list[int], Q):
+        self.mu, self.sd, self.P, self.n_tokens = base.mu, base.sd, base.P, base.n_tokens
+        self.tokens, self.tag, self.tags, self.Q = tokens, tag, tags, Q
+        self.eou, self.ends = None, set(tags)
+
+    def end_label(self, f_row):
+        if self.tag is not None:
+            return self.tag
+        return self.tags[int((self.Q @ ((f_row - self.mu) / self.sd)).argmax())]
+
+    @classmethod
+    def per_prompt(cls, base: Policy, prompts: list[str], tag_ids: dict[str, int], n_normal: int, seed: int):
+        """One policy per prompt; tag_ids: language -> id of its tag piece."""
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        tags = list(tag_ids.values())
+        Q = torch.randn(len(tags), base.P.shape[1], generator=g)
+        out = {}
+        for p in prompts:
+            tokens = (torch.randperm(n_normal - 1, generator=g)[: base.n_tokens] + 1).tolist()
+            out[p] = cls(base, tokens, tag_ids.get(p), tags, Q)
+        return out
+
+
 def shape_model(model, name, spec, audios, info, *, seed, margin=1.0, target_rate=4.0):
     """Train the prediction net + joint (encoder untouched) so NeMo's greedy decode follows
     `Policy` with every argmax decision won by >= `margin` logits, over every utterance the
     fixtures decode (offline and full-buffer, every lookahead mode). Multi-class hinge loss on
-    the teacher-forced target path; checked afterwards with `Replay` on the NeMo modules."""
+    the teacher-forced target path; checked afterwards with `Replay` on the NeMo modules.
+
+    A prompt model: the prompt kernel is trained too, and every utterance is decoded once per
+    prompt of its dictionary, each following its own `PromptPolicy`; targets are then keyed
+    (mode, wav, kind, prompt)."""
     import torch
 
     blank = model.decoder.blank_idx
     eou_id = blank - 2 if spec["eou"] else None
     n_normal = blank - 2 if spec["eou"] else blank
+    prompts = list(spec.get("prompt_dictionary", {}))
+    if prompts:
+        n_normal = spec["vocab"]
+        tag_ids = {t[1:-1]: model.tokenizer.token_to_id(t) for t in language_tags(spec)}
+        assert sorted(tag_ids.values()) == list(range(n_normal, blank)), tag_ids
     modes = modes_of(spec)
     total_sec = sum(len(a) for a in audios.values()) / SR
 
@@ -652,26 +764,38 @@ def shape_model(model, name, spec, audios, info, *, seed, margin=1.0, target_rat
                 "buffer": (encb, int(elenb[0]), feats.shape[-1]),
             }.items():
                 f = e_[0, :, :n_].T.contiguous()
-                runs.append(
-                    dict(key=(mode_key(mode), wav, kind), f=f, energy=frame_energy(feats, nf, n_), th=thresholds[wav])
-                )
+                for prompt in prompts or [None]:
+                    runs.append(
+                        dict(key=(mode_key(mode), wav, kind) + ((prompt,) if prompt else ()), f=f,
+                             energy=frame_energy(feats, nf, n_), th=thresholds[wav], prompt=prompt)
+                    )
 
     allf = torch.cat([r["f"] for r in runs])
     mu, sd = allf.mean(0), allf.std(0)
 
     def make_targets(n_none):
         pol = Policy(spec["d_model"], n_normal, eou_id, seed, mu, sd, n_none=n_none)
+        per_prompt = PromptPolicy.per_prompt(pol, prompts, tag_ids, n_normal, seed + 1) if prompts else {}
         total = 0
         for r in runs:
-            r["decisions"], r["tokens"] = pol.path(r["f"], r["energy"], r["th"])
+            r["decisions"], r["tokens"] = per_prompt.get(r["prompt"], pol).path(r["f"], r["energy"], r["th"])
             if r["key"][2] == "offline":
                 total += len(r["tokens"])
-        return total / len(modes) / total_sec
+        return total / len(modes) / max(1, len(prompts)) / total_sec
 
     best = min((abs(make_targets(n) - target_rate), n) for n in (0, 5, 10, 20, 30, 40, 60, 80, 100, 130, 160))
     rate = make_targets(best[1])
     neou = sum(r["tokens"].count(eou_id) for r in runs if r["key"][2] == "offline") if eou_id is not None else 0
     log.info("%s: target path: %.2f tokens/s, %d <EOU> (offline, all modes)", name, rate, neou)
+    if prompts:
+        offline = [r for r in runs if r["key"][2] == "offline"]
+        tags = {p: sum(t in tag_ids.values() for r in offline if r["prompt"] == p for t in r["tokens"]) for p in prompts}
+        same = sum(a["tokens"] == b["tokens"] for a in offline for b in offline
+                   if a["key"][:3] == b["key"][:3] and a["prompt"] < b["prompt"])
+        log.info("%s: language tags per prompt (offline, all modes): %s; utterances decoded alike by two prompts: %d",
+                 name, tags, same)
+        assert same == 0, "every prompt must change the target path"
+        info.update(target_tags_offline=tags)
 
     # teacher-forced batch
     U = max(len(r["tokens"]) for r in runs) + 1
@@ -687,13 +811,21 @@ def shape_model(model, name, spec, audios, info, *, seed, margin=1.0, target_rat
             Fr.append(r["f"][t])
     R, Ui, Y, Fr = torch.tensor(R), torch.tensor(Ui), torch.tensor(Y), torch.stack(Fr)
     params = [*model.decoder.parameters(), *model.joint.parameters()]
+    if prompts:  # each decision's frame joined by the one-hot of its run's prompt, as NeMo joins them
+        index = torch.tensor([spec["prompt_dictionary"][runs[i]["prompt"]] for i in R.tolist()])
+        Fr = torch.cat([Fr, torch.nn.functional.one_hot(index, spec["num_prompts"]).to(Fr.dtype)], dim=1)
+        params += [*model.prompt_kernel.parameters()]
+
+    def joint_input(frames):
+        return model.prompt_kernel(frames) if prompts else frames
+
     opt = torch.optim.Adam(params, lr=3e-3)
     model.eval()
     with torch.enable_grad():
         for step in range(10001):
             g, _ = model.decoder.predict(labels_in, None, add_sos=False, batch_size=len(runs))
             gp = model.joint.project_prednet(g)[R, Ui]
-            z = model.joint.joint_net(model.joint.project_encoder(Fr) + gp)
+            z = model.joint.joint_net(model.joint.project_encoder(joint_input(Fr)) + gp)
             zy = z.gather(1, Y[:, None])
             gap = (zy - z).scatter(1, Y[:, None], float("inf"))
             # hinge + a little pull on the logits so they stay O(1-10)
@@ -711,7 +843,7 @@ def shape_model(model, name, spec, audios, info, *, seed, margin=1.0, target_rat
             bad = torch.nonzero(gap.min(1).values < margin)[:, 0].tolist()
             for i in bad[:40]:
                 r = runs[int(R[i])]
-                log.warning("  bad decision: run %s t=%d u=%d label=%d argmax=%d gap=%.3f", r["key"], int((Fr[i] - r["f"]).abs().sum(1).argmin()), int(Ui[i]), int(Y[i]), int(z[i].argmax()), float(gap[i].min()))
+                log.warning("  bad decision: run %s t=%d u=%d label=%d argmax=%d gap=%.3f", r["key"], int((Fr[i, : r["f"].shape[1]] - r["f"]).abs().sum(1).argmin()), int(Ui[i]), int(Y[i]), int(z[i].argmax()), float(gap[i].min()))
         raise RuntimeError(f"{name}: margin training reached only {mm:.3f}; try another --seed")
     # the blank row of the prediction-net embedding must still be zero (padding_idx)
     assert torch.all(model.decoder.prediction["embed"].weight[blank] == 0)
@@ -754,10 +886,25 @@ def streaming_cfg_dict(model):
     return {k: (list(v) if isinstance(v, (list, tuple)) else int(v)) for k, v in out.items()}
 
 
+def is_prompt_model(model) -> bool:
+    """EncDecRNNTBPEModelWithPrompt with its prompt kernel (initialize_prompt_feature)."""
+    return bool(getattr(model, "concat", False))
+
+
+def prompted(model, enc):
+    """What the joint of a prompt model sees: NeMo's own projection (PromptStreamingMixin.
+    _apply_prompt_to_encoded, the prompt set by set_inference_prompt) of encoder output
+    [B, D, T]; other models: enc itself."""
+    return model._apply_prompt_to_encoded(enc) if is_prompt_model(model) else enc
+
+
 def run_streaming(model, wav_paths):
     """NeMo's cache-aware streaming, as examples/asr/asr_cache_aware_streaming/
     speech_to_text_cache_aware_streaming_infer.py runs it (pad_and_drop_preencoded=False,
-    online_normalization=False). Several paths -> one batch. Returns per-stream results."""
+    online_normalization=False). Several paths -> one batch. Returns per-stream results.
+
+    A prompt model: `encoded` is what its joint sees (after the prompt projection that
+    conformer_stream_step applies), `encoder_out` the encoder output before it."""
     import torch
     from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
 
@@ -778,6 +925,18 @@ def run_streaming(model, wav_paths):
         return r
 
     model.encoder.cache_aware_stream_step = spy
+    raw = []
+    if is_prompt_model(model):
+        orig_prompt = model._apply_prompt_to_encoded
+
+        def spy_prompt(enc):
+            out = orig_prompt(enc)
+            assert enc is captured[-1][0] or torch.equal(enc, captured[-1][0]), "prompt applied to another tensor"
+            raw.append(captured[-1][0])
+            captured[-1] = (out.detach().clone(), captured[-1][1])
+            return out
+
+        model._apply_prompt_to_encoded = spy_prompt
     try:
         cache_ch, cache_t, cache_len = model.encoder.get_initial_cache_state(batch_size=batch)
         prev_hyps, pred_out = None, None
@@ -819,6 +978,9 @@ def run_streaming(model, wav_paths):
                     seen[b] = len(ids)
     finally:
         model.encoder.cache_aware_stream_step = orig
+        if is_prompt_model(model):
+            del model._apply_prompt_to_encoded  # the class's method again
+            assert len(raw) == len(captured), "conformer_stream_step skipped the prompt"
     results = []
     for b in range(batch):
         enc_cat = torch.cat([e[b, :, : int(n[b])] for e, n in captured], dim=-1)
@@ -830,6 +992,8 @@ def run_streaming(model, wav_paths):
                 "features": features[b, :, : int(lengths[b])],
             }
         )
+        if raw:
+            results[-1]["encoder_out"] = torch.cat([e[b, :, : int(n[b])] for e, (_, n) in zip(raw, captured)], dim=-1)
     return results
 
 
@@ -839,6 +1003,7 @@ def run_offline(model, audio: np.ndarray):
 
     feats, flen, enc, elen = offline_encode(model, audio)
     with torch.no_grad():
+        enc = prompted(model, enc)
         hyps = model.decoding.rnnt_decoder_predictions_tensor(
             encoder_output=enc, encoded_lengths=elen, return_hypotheses=True
         )
@@ -860,6 +1025,7 @@ def run_offline_buffer(model, features):
         x = features[None]
         n = torch.tensor([features.shape[-1]])
         enc, elen = model.encoder(audio_signal=x, length=n)
+        enc = prompted(model, enc)
         hyps = model.decoding.rnnt_decoder_predictions_tensor(
             encoder_output=enc, encoded_lengths=elen, return_hypotheses=True
         )
@@ -976,6 +1142,10 @@ def reference_runs(model, name, spec, audios, targets, tensors, shaping):
             tensors[fkey] = s["features"].contiguous()
             tensors[f"{name}/{wav}/{mk}/offline_encoded"] = o["encoded"].contiguous()
             tensors[f"{name}/{wav}/{mk}/stream_encoded"] = s["encoded"].contiguous()
+            if "encoder_out" in s:  # a prompt model (name = model/prompt): the encoder output before the prompt
+                key = f"{name.split('/')[0]}/{wav}/{mk}/stream_encoder_out"
+                assert key not in tensors or torch.equal(tensors[key], s["encoder_out"]), "encoder output depends on the prompt"
+                tensors[key] = s["encoder_out"].contiguous()
             log.info(
                 "%s %s %s: stream %d tok / offline %d tok (stream==offline %s, ==prefix %s), min margin %.3f",
                 name, wav, mk, len(s["tokens"]), len(o["tokens"]), s["tokens"] == o["tokens"],
@@ -983,10 +1153,11 @@ def reference_runs(model, name, spec, audios, targets, tensors, shaping):
             )
 
     # three streams in one batch
-    set_mode(model, BATCH_MODE)
-    mk = mode_key(BATCH_MODE)
+    batch_mode = spec.get("batch_mode", BATCH_MODE)
+    set_mode(model, batch_mode)
+    mk = mode_key(batch_mode)
     batch = run_streaming(model, [AUDIO_DIR / f"{w}.wav" for w in WAV_NAMES])
-    bres = {"mode": list(BATCH_MODE), "order": WAV_NAMES, "streams": {}}
+    bres = {"mode": list(batch_mode), "order": WAV_NAMES, "streams": {}}
     for wav, b in zip(WAV_NAMES, batch):
         solo = res["runs"][wav][mk]
         mb = check("batch", b["encoded"], b["tokens"], f"batch {wav}")
@@ -1035,13 +1206,19 @@ def config_yaml_for(model) -> str:
     return OmegaConf.to_yaml(cfg)
 
 
-def full_size_dump(tmp: Path, seed: int):
+def full_size_dump(tmp: Path, seed: int, specs: dict = FULL):
+    """The full-size models' state_dict shapes (full_size_keys.json) and model_config.yaml; with
+    `specs` other than FULL, their entries are added to (or replace theirs in) the existing file."""
     import gc
 
-    out = {}
-    for size, spec in FULL.items():
+    keys = NEMO_DIR / "full_size_keys.json"
+    out = json.loads(keys.read_text()) if specs is not FULL and keys.exists() else {}
+    for size, spec in specs.items():
+        extra = language_tags(spec)
+        extra += [f"<unused{i}>" for i in range(spec.get("pieces", 0) - spec["vocab"] - len(extra))]
         tdir = make_tokenizer(
-            tmp / f"tok_{size}", spec["vocab"], lowercase=spec["eou"], eou=spec["eou"], synthetic_words=60000
+            tmp / f"tok_{size}", spec["vocab"], lowercase=spec["eou"], eou=spec["eou"], synthetic_words=60000,
+            extra=extra,
         )
         model = build_model(spec, tdir, seed)
         sd = model.state_dict()
@@ -1062,7 +1239,7 @@ def full_size_dump(tmp: Path, seed: int):
         log.info("%s: %d parameters (%s), %d state_dict entries", size, out[size]["param_count"], out[size]["param_count_by_module"], len(sd))
         del model, sd
         gc.collect()
-    (NEMO_DIR / "full_size_keys.json").write_text(json.dumps(out, indent=1) + "\n")
+    keys.write_text(json.dumps(out, indent=1) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1075,6 +1252,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-full-size", action="store_true", help="do not rebuild the full-size key dumps")
     ap.add_argument("--only-full-size", action="store_true", help="only rebuild the full-size key dumps")
+    ap.add_argument("--family", choices=["all", "prompt_tiny"], default="all",
+                    help="prompt_tiny: only the prompt family (its own files, the committed wavs; the others stay as they are)")
     args = ap.parse_args()
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -1088,9 +1267,13 @@ def main():
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         if not args.only_full_size:
-            make_tiny(tmp, args.seed)
+            if args.family == "all":
+                make_tiny(tmp, args.seed)
+            make_prompt_tiny(tmp, args.seed)
         if not args.skip_full_size:
-            full_size_dump(tmp, args.seed)
+            if args.family == "all":
+                full_size_dump(tmp, args.seed)
+            full_size_dump(tmp, args.seed, {"multilingual": PROMPT_FULL})
     sizes = {p.name: p.stat().st_size for p in sorted([*AUDIO_DIR.iterdir(), *NEMO_DIR.iterdir()])}
     log.info("fixture sizes: %s (total %.2f MB)", sizes, sum(sizes.values()) / 1e6)
 
@@ -1139,6 +1322,125 @@ def make_tiny(tmp: Path, seed: int):
     (NEMO_DIR / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
     save_file(tensors, str(NEMO_DIR / "reference.safetensors"), metadata={"nemo_version": nemo.__version__})
     log.info("smallest margin: %s", mins)
+
+
+def make_prompt_tiny(tmp: Path, seed: int):
+    """The prompt family's tiny model (prompt_tiny.nemo) and NeMo's reference runs of it, once per
+    prompt of its dictionary (set_inference_prompt on the restored archive), with the text NeMo's
+    decoding writes for every streaming run, language tags kept and stripped
+    (prompt_reference.json / .safetensors). Reads the committed wavs (make_tiny writes them)."""
+    import sentencepiece
+    import soundfile as sf
+    import torch
+    from nemo.collections.asr.models import ASRModel
+    from safetensors.torch import load_file, save_file
+
+    import nemo
+
+    name, spec = "prompt_tiny", PROMPT_TINY
+    audios = {w: sf.read(str(AUDIO_DIR / f"{w}.wav"), dtype="float32")[0] for w in WAV_NAMES}
+    k = len(TINY)  # seeds follow the families before it
+    tdir = make_tokenizer(tmp / f"tok_{name}", spec["vocab"], lowercase=False, eou=False, extra=language_tags(spec))
+    model = build_model(spec, tdir, seed + 101 * k)
+    perturb_defaults(model, seed + 101 * k + 1)
+    shaping = {}
+    targets = shape_model(model, name, spec, audios, shaping, seed=seed + 101 * k + 2)
+    set_mode(model, modes_of(spec)[0])
+    path = NEMO_DIR / f"{name}.nemo"
+    model.save_to(str(path))
+    del model
+    # The archive's target is EncDecRNNTBPEModelWithPrompt, and restoring it (ASRModel or the
+    # class's own restore_from, which goes through EncDecRNNTBPEModel) builds that class again,
+    # prompt kernel included: checked, so no reference below is an unprompted one.
+    model = ASRModel.restore_from(str(path), map_location="cpu")
+    assert type(model).__name__ == "EncDecRNNTBPEModelWithPrompt" and is_prompt_model(model), type(model)
+    model.eval()
+    apply_example_decoding(model)
+
+    tensors, prompts = {}, {}
+    for prompt in spec["prompt_dictionary"]:
+        model.set_inference_prompt(prompt)
+        mine = {key[:3]: tokens for key, tokens in targets.items() if key[3] == prompt}
+        res = reference_runs(model, f"{name}/{prompt}", spec, audios, mine, tensors, shaping)
+        for by_mode in res["runs"].values():
+            for run in by_mode.values():
+                run["tokenizer_text"], run["text"], run["text_stripped"] = nemo_texts(model, run["stream_tokens"])
+        prompts[prompt] = {key: res.pop(key) for key in ("runs", "batch", "min_margin", "decisions_checked", "logit_abs_max")}
+        res.pop("shaping")
+        common = res  # the model's facts, the same for every prompt
+    for prompt, p in prompts.items():
+        for wav, by_mode in p["runs"].items():
+            for mk, run in by_mode.items():
+                others = [q["runs"][wav][mk]["stream_tokens"] for o, q in prompts.items() if o != prompt]
+                assert run["stream_tokens"] not in others, f"{prompt} {wav} {mk}: another prompt decodes the same"
+    # the features are the committed ones (reference.safetensors), not stored twice; equal up to
+    # float noise (another machine's STFT differs by ~1e-4 on log-mel values of ~10)
+    committed = load_file(str(NEMO_DIR / "reference.safetensors"))
+    for key in [key for key in tensors if key.startswith("features/")]:
+        diff = float((tensors.pop(key) - committed[key]).abs().max())
+        assert diff < 1e-3, f"{key} differs from reference.safetensors by {diff}"
+        shaping.setdefault("features_vs_reference_max_abs_diff", {})[key] = diff
+    ref = {
+        "generated_by": "scripts/make_nemo_fixtures.py --family prompt_tiny",
+        "nemo_version": nemo.__version__,
+        "torch_version": torch.__version__,
+        "sentencepiece_version": sentencepiece.__version__,
+        "seed": seed,
+        "max_symbols": MAX_SYMBOLS,
+        "wavs": WAV_NAMES,
+        "notes": {**REFERENCE_NOTES, **PROMPT_NOTES},
+        "models": {
+            name: {
+                **common,
+                "nemo_file": path.name,
+                "num_prompts": int(model.num_prompts),
+                "prompt_dictionary": dict(model.cfg.model_defaults.prompt_dictionary),
+                "language_tags": {t: int(model.tokenizer.token_to_id(t)) for t in language_tags(spec)},
+                "lang_tag_pattern": lang_tag_pattern(model),
+                "prompts": prompts,
+                "min_margin": min(p["min_margin"] for p in prompts.values()),
+                "shaping": shaping,
+            }
+        },
+    }
+    ref["min_margin_overall"] = ref["models"][name]["min_margin"]
+    (NEMO_DIR / "prompt_reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+    save_file(tensors, str(NEMO_DIR / "prompt_reference.safetensors"), metadata={"nemo_version": nemo.__version__})
+    log.info("%s: smallest margin %s", name, {p: v["min_margin"] for p, v in prompts.items()})
+
+
+def nemo_texts(model, tokens: list[int]) -> tuple[str, str, str]:
+    """NeMo's texts of `tokens`: its tokenizer's (ids_to_text: tags written as they are), its
+    decoding's (Hypothesis.text: also no space before punctuation), and the decoding's with
+    strip_lang_tags on (NeMo's default pattern)."""
+    dec = model.decoding
+    text = dec.decode_tokens_to_str_with_strip_punctuation(tokens)
+    dec.set_strip_lang_tags(True)
+    try:
+        return model.tokenizer.ids_to_text(tokens), text, dec.decode_tokens_to_str_with_strip_punctuation(tokens)
+    finally:
+        dec.set_strip_lang_tags(False)
+
+
+def lang_tag_pattern(model) -> str:
+    """NeMo's default strip_lang_tags regex."""
+    dec = model.decoding
+    dec.set_strip_lang_tags(True)
+    try:
+        return dec.lang_tag_pattern.pattern
+    finally:
+        dec.set_strip_lang_tags(False)
+
+
+PROMPT_NOTES = {
+    "prompts": "one entry per prompt of the model's prompt_dictionary: NeMo's runs after model.set_inference_prompt(prompt) (without it conformer_stream_step skips the prompt projection)",
+    "encoded": "prompt_reference.safetensors prompt_tiny/<prompt>/<wav>/<mode>/{offline,stream}_encoded: what the joint sees, [d_model, T'] after the prompt projection; prompt_tiny/<wav>/<mode>/stream_encoder_out: the encoder output before it (the same for every prompt)",
+    "tokenizer_text": "NeMo's tokenizer.ids_to_text(stream_tokens): sentencepiece's text, language tags written as they are",
+    "text": "NeMo's Hypothesis.text for stream_tokens (decode_tokens_to_str_with_strip_punctuation: no space before a punctuation mark), language tags kept (strip_lang_tags False, the default)",
+    "text_stripped": "the same with decoding strip_lang_tags True (lang_tag_pattern: NeMo's default regex)",
+    "language_tags": "the tag pieces (user-defined sentencepiece pieces appended after the BPE pieces) -> token id",
+    "features": "reference.safetensors features/<wav> (asserted identical when this file was made)",
+}
 
 
 REFERENCE_NOTES = {

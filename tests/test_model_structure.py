@@ -26,6 +26,7 @@ def nemo_config(name: str) -> dict:
 @pytest.mark.parametrize("name,layers,modes", [
     ("small", 17, [(70, 1)]),
     ("large", 24, [(70, 13), (70, 6), (70, 1), (70, 0)]),
+    ("multilingual", 24, [(56, 13), (56, 6), (56, 3), (56, 1), (56, 0)]),  # prompt_kernel 1152 -> 2048 -> 1024
 ])
 def test_full_size_config_and_parameter_count(name, layers, modes):
     cfg = ModelConfig.from_nemo(nemo_config(name))

@@ -2,7 +2,9 @@
 
 Only the structure we serve is accepted: a cache-aware FastConformer encoder (causal
 dw_striding subsampling, rel_pos attention with chunked_limited context, causal depthwise
-convolutions, layer norm) with an LSTM prediction network and an RNN-T joint.
+convolutions, layer norm) with an LSTM prediction network and an RNN-T joint, optionally with
+language-ID prompt conditioning between the encoder and the joint (NeMo's
+EncDecRNNTBPEModelWithPrompt, nvidia/nemotron-3.5-asr-streaming-0.6b).
 """
 
 from __future__ import annotations
@@ -71,23 +73,43 @@ class DecoderConfig:
 
 
 @dataclass(frozen=True)
+class PromptConfig:
+    """Language-ID prompts: the one-hot of a prompt index joins every encoder frame, and a
+    two-layer network maps the pair back to d_model before the joint (model/prompt.py)."""
+
+    num_prompts: int = 128
+    languages: dict[str, int] = field(default_factory=dict)  # prompt name ('en-US', 'auto') -> index
+
+    def index(self, language: str) -> int:
+        """The prompt index of a language name; ValueError names the choices."""
+        if language not in self.languages:
+            raise ValueError(f"unknown language {language!r}: expected one of {', '.join(self.languages)}")
+        return self.languages[language]
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     features: FeatureConfig = field(default_factory=FeatureConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    prompt: PromptConfig | None = None  # a model without language prompts has none
 
     @property
     def default_lookahead(self) -> Lookahead:
         return self.encoder.att_context_sizes[0]
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
+        d = dataclasses.asdict(self)
+        if self.prompt is None:  # the config.json of a model without prompts stays as it was
+            del d["prompt"]
+        return json.dumps(d, indent=2)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
         enc = dict(d["encoder"])
         enc["att_context_sizes"] = tuple(tuple(m) for m in enc["att_context_sizes"])
-        return cls(FeatureConfig(**d["features"]), EncoderConfig(**enc), DecoderConfig(**d["decoder"]))
+        prompt = PromptConfig(**d["prompt"]) if d.get("prompt") else None
+        return cls(FeatureConfig(**d["features"]), EncoderConfig(**enc), DecoderConfig(**d["decoder"]), prompt)
 
     @classmethod
     def load(cls, path: str | Path) -> "ModelConfig":
@@ -96,7 +118,7 @@ class ModelConfig:
     @classmethod
     def from_nemo(cls, cfg: dict) -> "ModelConfig":
         """Build from a NeMo model_config.yaml dict; raises UnsupportedModel with the reason."""
-        return cls(_features_from_nemo(cfg), _encoder_from_nemo(cfg), _decoder_from_nemo(cfg))
+        return cls(_features_from_nemo(cfg), _encoder_from_nemo(cfg), _decoder_from_nemo(cfg), _prompt_from_nemo(cfg))
 
 
 def _require(ok: bool, why: str) -> None:
@@ -182,3 +204,18 @@ def _decoder_from_nemo(cfg: dict) -> DecoderConfig:
         joint_hidden=int(jnet.get("joint_hidden", 640)),
         max_symbols=int(greedy.get("max_symbols", 10) or 10),
     )
+
+
+def _prompt_from_nemo(cfg: dict) -> PromptConfig | None:
+    """EncDecRNNTBPEModelWithPrompt builds its prompt kernel only with
+    model_defaults.initialize_prompt_feature; its width is enc_hidden + num_prompts."""
+    defaults = cfg.get("model_defaults") or {}
+    if not defaults.get("initialize_prompt_feature"):
+        return None
+    d_model = int((cfg.get("encoder") or {})["d_model"])
+    _require(int(defaults.get("enc_hidden", d_model)) == d_model, "prompt kernel width (enc_hidden) is not the encoder's d_model")
+    num = int(cfg.get("num_prompts") or defaults.get("num_prompts", 128))
+    languages = {str(name): int(i) for name, i in (defaults.get("prompt_dictionary") or {}).items()}
+    bad = [name for name, i in languages.items() if not 0 <= i < num]
+    _require(not bad, f"prompt_dictionary indices of {bad} are outside 0..{num - 1}")
+    return PromptConfig(num_prompts=num, languages=languages)

@@ -35,6 +35,8 @@ RENAMES = [
     ("joint.enc.", "decoder.joint.enc."),
     ("joint.pred.", "decoder.joint.pred."),
     ("joint.joint_net.2.", "decoder.joint.out."),
+    ("prompt_kernel.0.", "prompt.hidden."),
+    ("prompt_kernel.2.", "prompt.out."),
     ("encoder.", "encoder."),
 ]
 IGNORED = re.compile(r"(num_batches_tracked$|^encoder\.pos_enc\.pe$|^preprocessor\.featurizer\.(?!fb$|window$))")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -10,6 +11,10 @@ import sentencepiece as spm
 
 SPACE = "\u2581"  # sentencepiece's word-boundary marker '▁'
 EOU_PIECE = "<EOU>"
+# A language tag such as <en-US>, which a multilingual model (nemotron-3.5-asr) writes after a
+# sentence; with the white space before it, NeMo's default strip_lang_tags pattern.
+_TAG = r"<[a-z]{2}-[A-Z]{2}>"
+LANGUAGE_TAG = re.compile(r"\s*" + _TAG)
 
 # ModelProto.SentencePiece.Type values and NormalizerSpec field numbers
 # (sentencepiece_model.proto).
@@ -40,8 +45,10 @@ class Tokenizer:
         remove_extra_whitespaces = norm.get(_REMOVE_EXTRA_WHITESPACES, 1) == 1
         self._strip_leading = remove_extra_whitespaces or norm.get(_ADD_DUMMY_PREFIX, 1) == 1
         self._strip_once = not remove_extra_whitespaces
+        # language tag pieces are never text either, whatever their type: the language is in the ids
+        self._language_tags = {i: p[1:-1] for i in range(len(types)) if re.fullmatch(_TAG, p := self._sp.id_to_piece(i))}
         self._special_ids = frozenset(
-            i for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED)
+            i for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED) or i in self._language_tags
         )
         self._pieces = [self._describe(i, t) for i, t in enumerate(types)]
         self._pieces.append(_Piece(special=True))  # blank
@@ -73,8 +80,13 @@ class Tokenizer:
 
     @property
     def special_ids(self) -> frozenset[int]:
-        """Control and user-defined pieces (<s>, <EOU>, <EOB>): never text. Excludes blank."""
+        """Control and user-defined pieces (<s>, <EOU>, <EOB>) and language tags: never text. Excludes blank."""
         return self._special_ids
+
+    @property
+    def language_tags(self) -> dict[int, str]:
+        """Language tag pieces: id -> language ('en-US' for <en-US>); none in most models."""
+        return self._language_tags
 
     def piece(self, token_id: int) -> str:
         self._info(token_id)
@@ -94,13 +106,19 @@ class Tokenizer:
 
     def _describe(self, token_id: int, piece_type: int) -> _Piece:
         piece = self._sp.id_to_piece(token_id)
-        if piece_type in (_CONTROL, _USER_DEFINED):
+        if token_id in self._special_ids:
             return _Piece(special=True)
         if piece_type == _BYTE:
             return _Piece(byte=int(piece[3:5], 16))
         if piece_type == _UNKNOWN:
             return _Piece(text=self._sp.decode([token_id]))
         return _Piece(text=piece.replace(SPACE, " "), lead_space=piece.startswith(SPACE))
+
+
+def split_language_tags(text: str) -> tuple[str, list[str]]:
+    """Text as NeMo's strip_lang_tags leaves it (every tag and the white space before it removed,
+    then the ends stripped) and the tags' languages in order: "Hi.<en-US> Yo" -> ("Hi. Yo", ["en-US"])."""
+    return LANGUAGE_TAG.sub("", text).strip(), [m.group().strip()[1:-1] for m in LANGUAGE_TAG.finditer(text)]
 
 
 class IncrementalDetokenizer:
