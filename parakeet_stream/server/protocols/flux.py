@@ -37,7 +37,7 @@ from ..streams.session import Session
 from ..streams.wire import decode_bytes, parse_sample_rate
 from ..streams.words import WordTracker, pieces
 from ..transport.codes import ProtocolError
-from .deepgram import ENCODINGS, handshake_for, parse_phrases
+from .deepgram import ENCODINGS, CloseStream, KeepAlive, handshake_for, parse_phrases
 from .flux_turns import Event, Thresholds, TurnTaking
 
 if TYPE_CHECKING:
@@ -127,14 +127,6 @@ class Configure(Message, tag="Configure"):
 
 
 class ForceEndTurn(Message, tag="ForceEndTurn"):
-    pass
-
-
-class CloseStream(Message, tag="CloseStream"):
-    pass
-
-
-class KeepAlive(Message, tag="KeepAlive"):
     pass
 
 
