@@ -66,7 +66,7 @@ def test_a_mixed_step_gives_each_stream_its_tokens_eagerly_and_through_static_ba
         alone = [tokens_of(run_all(engine, [sound], lambda _: has(k))[0]) for k, sound in enumerate(sounds)]
     with ASREngine("demo", max_num_streams=8, max_batch=6, cuda_graphs=True) as engine:
         static = [tokens_of(r) for r in run_all(engine, sounds, has)]
-        used = list(engine.runner.boosted_decoders.values())
+        used = list(engine.runner.beam_decoders.values())
         assert sum(s.replays for s in used) > 0 and sum(s.eager_calls for s in used) == 0
     assert eager == alone == static
     assert all(eager[k] == plain[k] for k in range(1, len(sounds), 2))  # no phrases: as without boosting

@@ -291,7 +291,8 @@ class ASREngine:
                                             item.eou[r])
                 step.results.append((seq, result))
             if item.last:
-                step.results.append((seq, self.results.build(seq.stream_id, seq.decoding, [], 0, True, None)))
+                final = self.results.build(seq.stream_id, seq.decoding, item.final_tokens, 0, True, None)
+                step.results.append((seq, final))
 
     def _deliver(self, step: Step) -> None:
         if log.isEnabledFor(logging.DEBUG):

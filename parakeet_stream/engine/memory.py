@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model.beam import BeamPool
 from ..model.boosting import BoostPool
 from ..model.conformer import EncoderCache
 from ..model.greedy import GreedyPass
 from ..model.parakeet import ParakeetModel
 from .cuda_graphs import unconditional
-from .phrases import LIMITS
+from .phrases import BEAM, LIMITS
 from .pipeline import DEPTH
 
 MAX_BATCH = 1024  # largest step planned: the target load (1,000 streams) fits one; graphs grow with it
@@ -57,10 +58,11 @@ def plan_memory(free: int, slot_bytes: int, stream_bytes: int, slots: int | None
 
 
 def slot_bytes(model: ParakeetModel) -> int:
-    """One slot's encoder cache, decoder state and key phrase tables."""
+    """One slot's encoder cache, decoder state, key phrase tables and beams."""
     d = model.cfg.decoder
     decoder = (2 * d.pred_rnn_layers * d.pred_hidden + d.joint_hidden) * 4
-    return EncoderCache.slot_bytes(model.cfg.encoder, model.encoder_dtype) + decoder + BoostPool.slot_bytes(LIMITS)
+    return (EncoderCache.slot_bytes(model.cfg.encoder, model.encoder_dtype) + decoder + BoostPool.slot_bytes(LIMITS)
+            + BeamPool.slot_bytes(model.decoder, BEAM))
 
 
 @torch.inference_mode()

@@ -3,9 +3,10 @@
 pre-encode: features and subsampling of every chunk in the step, one batch per lookahead mode,
   cut into the step's batches (one per round and mode, step.py);
 encode: the cache-aware encoder layers over each batch, against the slot pool;
-decode: one greedy RNN-T pass per batch (label looping, model/greedy.py), boosting the key phrases
-  of the streams that have some (model/boosting.py; a batch without any runs the plain pass); the
-  step's tokens come to the host in one copy.
+decode: one greedy RNN-T pass per batch (label looping, model/greedy.py) for the streams without
+  key phrases, their tokens to the host in one copy for the whole step; a beam search
+  (model/beam.py) with each stream's boosting tree (model/boosting.py) for those with phrases,
+  committed (beams.py) batch by batch.
 As nano-vllm's ModelRunner.run, it decides nothing (the Scheduler chose the step) and delivers
 nothing (the engine turns tokens into results and publishes them). On CUDA each stage runs on
 its own stream (streams.py), the encoder layers and the greedy pass replay CUDA graphs captured
@@ -23,7 +24,8 @@ import numpy as np
 import torch
 
 from ..model.device import to_device
-from ..model.boosting import BoostPool, BoostRows, word_starts
+from ..model.beam import BeamPass, BeamPool
+from ..model.boosting import BoostPool, word_starts
 from ..model.config import Lookahead
 from ..model.conformer import EncoderCache
 from ..model.greedy import GreedyPass, eou_probabilities, unpack_scored
@@ -32,7 +34,8 @@ from ..model.rnnt import DecoderState
 from . import chunker
 from .chunker import Window
 from .cuda_graphs import StaticBatches, graph_sizes, loop_guard, unconditional
-from .phrases import LIMITS
+from .beams import BeamCommits
+from .phrases import BEAM, DECAY, EVIDENCE, LIMITS, MAX_LAG_SECONDS, SYMBOLS
 from .step import Batch, Step, StepItem
 from .streams import StageStreams
 
@@ -53,28 +56,31 @@ class ModelRunner:
         self.slots, self.max_batch = slots, max_batch
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.eou = model.tokenizer.eou_id if model.tokenizer is not None else None
-        self.cache, self.decoder_state, self.boost = self.allocate_pools(slots)
+        self.cache, self.decoder_state, self.boost, self.beams = self.allocate_pools(slots)
+        self.commits = BeamCommits(BEAM, max(1, round(MAX_LAG_SECONDS / model.frame_seconds)))
         self.streams = StageStreams(self.device, STAGES)
         self.pre_encoders: dict[Lookahead, StaticBatches] = {}
         self.encoders: dict[Lookahead, StaticBatches] = {}
         self.decoders: dict[Lookahead, StaticBatches] = {}
-        self.boosted_decoders: dict[Lookahead, StaticBatches] = {}  # batches where a stream has phrases
+        self.beam_decoders: dict[Lookahead, StaticBatches] = {}  # the streams with phrases
         if self.graphs:
             self._static_batches()
 
-    def allocate_pools(self, slots: int) -> tuple[EncoderCache, DecoderState, BoostPool]:
-        """Encoder caches, decoder states and boosting trees of every slot, allocated once as
+    def allocate_pools(self, slots: int) -> tuple[EncoderCache, DecoderState, BoostPool, BeamPool]:
+        """Encoder caches, decoder states, boosting trees and beams of every slot, allocated once as
         [layers, slots, ...] (with static batches one more: the scratch slot, index `slots`, that
         padding rows write to)."""
         rows = slots + (1 if self.graphs else 0)
+        decoder = self.model.decoder
         cache = EncoderCache.zeros(self.model.cfg.encoder, rows, self.device, self.model.encoder_dtype)
-        starts = word_starts(self.model.tokenizer, self.model.decoder.blank + 1)
-        return cache, self.model.decoder.state_pool(rows, self.device), BoostPool(rows, LIMITS, self.device, starts)
+        starts = word_starts(self.model.tokenizer, decoder.blank + 1)
+        return (cache, decoder.state_pool(rows, self.device), BoostPool(rows, LIMITS, self.device, starts, EVIDENCE),
+                BeamPool(decoder, rows, BEAM, self.device))
 
     @property
     def static_batches(self) -> list[StaticBatches]:
         return [*self.pre_encoders.values(), *self.encoders.values(), *self.decoders.values(),
-                *self.boosted_decoders.values()]
+                *self.beam_decoders.values()]
 
     def capture(self) -> None:
         """Capture every CUDA graph (every mode, every size), before the stage threads start."""
@@ -129,27 +135,68 @@ class ModelRunner:
         self.streams.hand_on(step, "decode")
 
     def decode(self, step: Step) -> None:
-        """One greedy pass per batch, so every chunk gets its own tokens, as NeMo's steps do."""
+        """One pass per batch, so every chunk gets its own tokens, as NeMo's steps do: greedy for the
+        streams without phrases, the beam search for those with."""
         self.streams.follow(step)
         first = [item for item in step if item.first and item.live]
         if first:
             self.decoder_state.reset(self._index([item.slot for item in first]))
             for item in first:
                 self.boost.load(item.slot, item.seq.boosting)
-        packed = []
+            self._start_beams(first)
+        packed, plain = [], []
         for batch in step.batches:
             slots = [item.slot for item in batch.items]
-            boosted = bool(self.boost.widths[slots].any())
-            static = (self.boosted_decoders if boosted else self.decoders).get(batch.mode)
-            if static:  # its static input is float32: the copy in casts
-                packed.append(static(batch.encoded, batch.lengths, batch.slots))
-            else:
-                boost = self.boost.rows(batch.slots, slots)
-                packed.append(self._greedy(batch.encoded.float(), batch.lengths, batch.slots, boost=boost))
-        for batch, rows in zip(step.batches, self._fetch(packed)):
-            for item, found, eou in zip(batch.items, unpack_scored(rows), eou_probabilities(rows)):
+            phrases = self.boost.has_phrases(slots)
+            if phrases.any():
+                self._decode_beams(batch, np.flatnonzero(phrases), slots)
+            if not phrases.all():
+                rows = np.flatnonzero(~phrases)
+                packed.append(self._decode_greedy(batch, rows, len(rows) < len(slots)))
+                plain.append([batch.items[r] for r in rows])
+        for items, rows in zip(plain, self._fetch(packed)):
+            for item, found, eou in zip(items, unpack_scored(rows), eou_probabilities(rows)):
                 item.tokens.append(found)
                 item.eou.append(eou)
+        for item in step:
+            if item.last and item.live and item.slot in self.commits:
+                item.final_tokens = self.commits.finish(item.slot)
+
+    def _decode_greedy(self, batch: Batch, rows: np.ndarray, subset: bool) -> torch.Tensor:
+        enc, lengths, slots = self._rows(batch, rows) if subset else (batch.encoded, batch.lengths, batch.slots)
+        static = self.decoders.get(batch.mode)
+        if static:  # its static input is float32: the copy in casts
+            return static(enc, lengths, slots)
+        return self._greedy(enc.float(), lengths, slots)
+
+    def _decode_beams(self, batch: Batch, rows: np.ndarray, slots: list[int]) -> None:
+        """The beam search of the batch's `rows`, committed at once (a hypothesis dropped there must
+        be out of the beam before the stream's next chunk, which may be the step's next round)."""
+        enc, lengths, at = self._rows(batch, rows)
+        static = self.beam_decoders.get(batch.mode)
+        if static:
+            packed = static(enc, lengths, at)
+        else:
+            widths = tuple(self.boost.widths[[slots[r] for r in rows]].max(0).tolist())
+            packed = self._beam(enc.float(), lengths, at, widths=widths)
+        for r, beams in zip(rows, self._fetch([packed])[0]):
+            item = batch.items[r]
+            done = self.commits.take(item.slot, beams.reshape(self.beams.beam, -1), item.frames[len(item.tokens)])
+            if done.drop:
+                self.beams.drop(item.slot, done.drop)
+            item.tokens.append(done.labels)
+            item.eou.append(done.eou)
+
+    def _start_beams(self, first: list[StepItem]) -> None:
+        slots = [item.slot for item in first if item.seq.boosting is not None]
+        if slots:
+            self.beams.reset(self._index(slots))
+        for item in first:
+            self.commits.start(item.slot, item.seq.boosting is not None)
+
+    def _rows(self, batch: Batch, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        at = self._index(rows.tolist())
+        return batch.encoded[at], batch.lengths[at], batch.slots[at]
 
     # --- internals ---------------------------------------------------------------------------
     def _subsample(self, mode: Lookahead, frames: torch.Tensor, windows: list[Window]) -> torch.Tensor:
@@ -175,19 +222,22 @@ class ModelRunner:
     def _layers(self, x, lengths, slots, mode: Lookahead, guard=None) -> torch.Tensor:
         return self.model.encoder.stream_layers(x, lengths, self.cache, slots, mode)
 
-    def _greedy(self, enc, lengths, slots, guard=None, boost: BoostRows | None = None) -> torch.Tensor:
-        """The greedy pass of the streams at `slots`, their decoder state (and with `boost` their
-        boosting node) carried in the pools; labels with their probabilities (GreedyPass.scored)."""
+    def _greedy(self, enc, lengths, slots, guard=None) -> torch.Tensor:
+        """The greedy pass of the streams at `slots`, their decoder state carried in the pool; labels
+        with their probabilities (GreedyPass.scored)."""
         state = self.decoder_state.gather(slots)
-        done = GreedyPass(self.model.decoder, enc, lengths, state, boost=boost, eou=self.eou).run(guard)
+        done = GreedyPass(self.model.decoder, enc, lengths, state, eou=self.eou).run(guard)
         self.decoder_state.scatter(slots, DecoderState(*done.state()))
-        if boost is not None:
-            boost.save()
         return done.scored()
 
-    def _boosted_greedy(self, enc, lengths, slots, guard=None) -> torch.Tensor:
-        """`_greedy` with the slots' boosting trees, at the pool's full widths (fixed shapes)."""
-        return self._greedy(enc, lengths, slots, guard, self.boost.rows(slots))
+    def _beam(self, enc, lengths, slots, guard=None, widths: tuple[int, int] | None = None) -> torch.Tensor:
+        """The beam search of the streams at `slots`, their beams carried in the pool (BeamPass.packed):
+        eagerly (guard None) at the batch's boosting `widths`, else in fixed shapes."""
+        search = BeamPass(self.model.decoder, enc, lengths, self.beams.gather(slots), self.boost, slots, SYMBOLS,
+                          DECAY, self.eou, widths)
+        search.run(fixed=guard is not None)
+        self.beams.scatter(slots, search.hyps)
+        return search.packed().flatten(1)
 
     def _static_batches(self) -> None:
         """Pre-encode, the encoder layers and the greedy pass of every mode as static batches; the graphs of each
@@ -224,7 +274,7 @@ class ModelRunner:
                                                 self.max_batch, cuda, pools["encode"], sizes)
             self.decoders[mode] = StaticBatches(f"decode {mode}", self._greedy, partial(inputs, dtype=torch.float32),
                                                 padding, self.max_batch, cuda, pools["decode"], sizes)
-            self.boosted_decoders[mode] = StaticBatches(f"decode+phrases {mode}", self._boosted_greedy,
+            self.beam_decoders[mode] = StaticBatches(f"decode+phrases {mode}", self._beam,
                                                         partial(inputs, dtype=torch.float32), padding,
                                                         self.max_batch, cuda, pools["decode"], coarse)
 

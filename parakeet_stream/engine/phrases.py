@@ -2,10 +2,13 @@
 every API maps its own field to (native `phrases`, Deepgram `keyterm`/`keywords`, Riva
 `speech_contexts`, OpenAI `prompt`, `parakeet-transcribe --phrases`), and its limits.
 
-A phrase's `weight` scales the decoder's default bonus: 1.0 is the default boost, 2.0 twice it.
-The engine tokenizes phrases with the model's tokenizer when the stream is created and refuses a
-phrase longer than MAX_PHRASE_TOKENS tokens there (the count depends on the model), then builds
-the stream's boosting tree once (`boosting_tree`; the decoder's side is model/boosting.py)."""
+A phrase's `weight` scales what a full match of it earns (1.0: the default; 2.0: twice that); below
+1.0 it also lowers the pull of each of its tokens, which above 1.0 stays the default's (so a large
+weight cannot drag a phrase in token by token against the audio). The engine tokenizes phrases with
+the model's tokenizer when the stream is created and refuses a phrase longer than MAX_PHRASE_TOKENS
+tokens there (the count depends on the model), then builds the stream's boosting tree once
+(`boosting_tree`); the decoder's side is model/boosting.py and model/beam.py: a stream with phrases
+is decoded by a beam search that scores them."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable
 
-from ..model.boosting import BoostingTree, BoostLimits
+from ..model.boosting import BoostingTree, BoostLimits, PhrasePath
 from ..model.tokenizer import Tokenizer
 from .errors import EngineError
 
@@ -24,9 +27,17 @@ MAX_PHRASE_CHARS = 100
 MAX_PHRASE_TOKENS = 32
 DEFAULT_WEIGHT = 1.0
 MAX_WEIGHT = 10.0
-# Log-probability added per phrase token at weight 1.0 (a phrase's first token: FIRST_SHARE of it,
-# model/boosting.py): picked on scripts/phrase_eval.py's set (docs/performance.md, "Key phrases").
+# Log-probability a phrase token earns at weight 1.0 (a phrase's first token: FIRST_SHARE of it,
+# model/boosting.py): picked on the tuning half of scripts/phrase_eval.py's set (docs/performance.md,
+# "Key phrases").
 BONUS = 4.5
+# The mean log-probability per label the model must give a phrase's labels for its reward: a match
+# the audio does not support earns nothing (and gives its loan back).
+EVIDENCE = -3.0
+DECAY = 0.5  # the share of a partial match's loan kept over a frame the model writes nothing on
+BEAM = 4  # hypotheses per stream with phrases
+SYMBOLS = 4  # labels per encoder frame at most, in the beam search
+MAX_LAG_SECONDS = 1.5  # text is committed from the best hypothesis once it is this old (engine/beams.py)
 # What the slot pool holds per stream: every phrase starting with its own token, every token its
 # own node; deeper arcs (children and failure-arc shortcuts) up to twice the nodes, at most
 # ARC_WIDTH from one node (a fixed-shape gather per label).
@@ -105,7 +116,7 @@ def boosting_tree(phrases: tuple[Phrase, ...], tokenizer: Tokenizer | None) -> B
         if len(tokens) > MAX_PHRASE_TOKENS:
             raise PhraseError(f"the phrase {phrase.text!r} is {len(tokens)} tokens for this model: "
                               f"at most {MAX_PHRASE_TOKENS}")
-        items.append((tokens, BONUS * phrase.weight))
+        items.append(PhrasePath(tokens, BONUS * min(phrase.weight, 1.0), phrase.weight))
     if not items:
         return None
     try:

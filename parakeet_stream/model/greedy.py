@@ -12,11 +12,6 @@ Each label's confidence is its probability under the joint's softmax at the fram
 (NeMo's `max_prob` token confidence; blank frames are not scored, as NeMo's `exclude_blank`): a float
 tensor beside the labels, filled by the same masked updates, so it changes neither labels nor shapes.
 
-With key phrases (`boost`, boosting.py), where the model emits a label, the stream's boosting tree
-may choose another one at that frame; each stream's tree node is carried like its decoder state.
-Rows without phrases have no candidates, so they get the model's own argmax, as without `boost`.
-The confidence stays the model's probability of the label emitted, boosted or not.
-
 With `eou` (the id of a model's end-of-utterance label), the pass also keeps, per stream, the highest
 probability the joint gave that label at any (frame, state) pair it scored after the stream's last
 other label (that label's own frame and those before it drop out): how sure the model is that the
@@ -36,8 +31,6 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .boosting import BoostRows
-
 # Frames scored per stream per iteration by default: a whole streaming chunk (at most 14 encoder
 # frames in NVIDIA's modes), while a long utterance does not score all its frames per label.
 WINDOW = 16
@@ -47,12 +40,11 @@ class GreedyPass:
     """One greedy pass over a batch of encoder outputs; every field is updated in place."""
 
     def __init__(self, decoder, enc: torch.Tensor, lengths: torch.Tensor, state, window: int | None = None,
-                 boost: BoostRows | None = None, eou: int | None = None):
+                 eou: int | None = None):
         """decoder: rnnt.GreedyDecoder; enc [B, T, D] (float32), valid frames `lengths` [B] (<= T);
         state: the streams' rnnt.DecoderState before it; `window`: frames scored per stream per
-        iteration (default: up to WINDOW); `boost`: the rows' key phrases (None: none has any);
-        `eou`: the end-of-utterance label whose probability to keep (None: none)."""
-        self.decoder, self.lengths, self.boost, self.eou = decoder, lengths, boost, eou
+        iteration (default: up to WINDOW); `eou`: the end-of-utterance label whose probability to keep (None: none)."""
+        self.decoder, self.lengths, self.eou = decoder, lengths, eou
         self.f = decoder.joint.enc(enc)
         b, frames = self.f.shape[:2]
         self.window = max(1, min(window or WINDOW, frames))
@@ -97,9 +89,6 @@ class GreedyPass:
         at_first = first.clamp(max=w - 1)
         label = labels.gather(1, at_first.unsqueeze(1)).squeeze(1)
         scores = logits[self.rows, at_first]
-        if self.boost is not None:
-            label, node = self.boost.choose(scores, label)
-            self.boost.node.copy_(torch.where(emit, node, self.boost.node))
         if self.eou is not None:
             valid = (self.offsets <= first.unsqueeze(1)) & (at < self.lengths.unsqueeze(1))
             self.eou_prob.copy_(self._eou_seen(logits, valid, emit & (label != self.eou), self.eou_prob))
@@ -136,8 +125,6 @@ class GreedyPass:
         at_first = first.clamp(max=w - 1)
         who, label = rows[emit], labels.gather(1, at_first.unsqueeze(1)).squeeze(1)[emit]
         scores = logits[emit, at_first[emit]]
-        if self.boost is not None and who.numel():
-            label = self.boost.step(scores, label, who)
         if self.eou is not None:
             valid = (self.offsets <= first.unsqueeze(1)) & (at < lengths.unsqueeze(1))
             other = torch.zeros_like(emit)
