@@ -1,129 +1,229 @@
 #!/usr/bin/env python3
-"""Key-phrase boosting on the bundled demo model: recall, other words, false insertions, cost.
+"""Key-phrase boosting on the bundled demo model, measured on a set split so that it cannot be
+tuned to: recall, phrases inserted where never said, runaway repeats, fragments, the other words'
+WER; and the decode cost of boosting.
 
-    python scripts/phrase_eval.py                 # the figures of docs/performance.md, "Key phrases"
-    python scripts/phrase_eval.py --bonus 3.5,4,4.5,5 --no-cost   # recall etc. at these bonuses (the pick)
-    python scripts/phrase_eval.py --cost-only     # only the decode cost at 0 / 10 / 100 phrases
+    python scripts/phrase_eval.py                          # both halves: the table, results/phrase_eval.json
+    python scripts/phrase_eval.py --split tune --param phrases.BONUS=4 --param boosting.FIRST_SHARE=0.5
+    python scripts/phrase_eval.py --cost-only              # only the decode cost at 0 / 10 / 100 phrases
 
-The set (deterministic): 40 sentences with a name, a place, a drug or a product the demo model does
-not know (PHRASES, each in two carrier sentences of common words, spoken by espeak-ng at test time
-in the training accents), and the 40 held-out sentences of tests/fixtures/demo_sentences.json,
-which hold none. Every stream of both halves boosts all of PHRASES. Measured:
-- recall: sentences whose transcript holds their phrase (as whole words);
-- WER on the other words: the phrase-free half's WER, and on the other half the errors on the
-  words outside the phrase (its words, and insertions beside it, left out);
-- false insertions: phrases in the transcripts of the phrase-free half;
-- the greedy decoder's time per step at batch 16 (the streaming chunk of every stream, as the
-  engine's decode stage runs them on CPU) with 0, 10 and 100 phrases per stream;
-- one boosting step against one greedy iteration at batch 16, on the same inputs at every phrase
-  count (so on any model, a random-weight full-size one included, unlike the passes, whose work
-  changes with the labels boosting picks).
+The set (scripts/phrase_set.py) is split BY PHRASE into a tuning half and a held-out half: tune
+knobs on `tune`, report `heldout`. Every sentence is its own stream, through the real ASREngine
+("demo"), 16 at a time, in four passes: no phrases, then its phrase list at weight 1, 2 and 5 (a
+phrase sentence lists its phrase and 10 never-spoken ones of its half, a control sentence 20-50).
+Per half and pass:
+- recall: spoken phrases found in the transcript as whole words (all, and per kind);
+- inserted: listed phrases never spoken in the sentence but found in its transcript;
+- runaway: listed phrases found more often than max(1, times spoken) ("zoe unal zoe unal");
+- fragments: words of 3+ letters, none of the set's own, that begin the first word of a listed
+  phrase not spoken in the sentence ("drink mai" for "mailchimp");
+- WER of the other words (the phrase sentences' words outside their phrases: `other_word_errors`)
+  and WER of the control sentences.
+The targets the decoder must reach on the held-out half are checked at the end (TARGETS).
+Synthesized audio is cached under results/phrase_eval_audio/ (a whole run: about half a minute on
+2 CPU cores). --param sets a decoder knob before the engine is made: a module attribute, so it
+reaches code that reads it at call time, not a copy taken by `from ... import NAME`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
+import importlib
 import json
 import sys
 import time
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import numpy as np
 import torch
 
 from parakeet_stream.engine import ASREngine
-from parakeet_stream.engine.phrases import BONUS, LIMITS, Phrase, boosting_tree, check_phrases
+from parakeet_stream.engine.phrases import LIMITS, boosting_tree, check_phrases
 from parakeet_stream.model.boosting import BoostPool, word_starts
 from parakeet_stream.model.greedy import GreedyPass
 from parakeet_stream.training.data import edit_distance
+from phrase_set import PHRASES, SPLITS, build, words_of
 
-PHRASES = {  # kind -> words the demo model's 10,000-word vocabulary lacks
-    "person": ["kowalski", "nguyen", "papadopoulos", "wojciechowski", "okonkwo", "tchaikovsky", "gorbachev"],
-    "place": ["reykjavik", "ouagadougou", "kilimanjaro", "zanzibar", "titicaca"],
-    "drug": ["ibuprofen", "metformin", "lisinopril", "azithromycin", "acetaminophen"],
-    "product": ["kubernetes", "photoshop", "netflix"],
-}
-CARRIERS = {
-    "person": ["i spoke with {} about the new plan", "please call {} before the meeting tomorrow"],
-    "place": ["we flew to {} last summer", "the road to {} was long and dusty"],
-    "drug": ["the doctor told me to take {} twice a day", "she stopped taking {} last week"],
-    "product": ["we moved all our work to {} last month", "my brother says {} is too expensive"],
-}
-VOICES = [("en-us", "default", 160, 50), ("en", "m3", 150, 45), ("en-gb-x-rp", "f2", 165, 55),
-          ("en-us-nyc", "Andy", 155, 40)]
-FIXTURE = ROOT / "tests" / "fixtures" / "demo_sentences.json"
+PASSES = {"no phrases": None, "weight 1": 1.0, "weight 2": 2.0, "weight 5": 5.0}
+PARAM_MODULES = {"phrases": "parakeet_stream.engine.phrases", "boosting": "parakeet_stream.model.boosting"}
+AUDIO_CACHE = ROOT / "results" / "phrase_eval_audio"
+REPORT = ROOT / "results" / "phrase_eval.json"
+MIN_FRAGMENT = 3  # letters; shorter prefixes ("me", "do") are common words
 COST_STEPS = 40  # streaming chunks per stream timed at each phrase count
+# What the decoder must reach on the held-out half: recall at weight 1, and its gain over no phrases;
+# at most 2 never-spoken phrases inserted and no runaway repeat in each pass of weight 1, 2 and 5;
+# each WER (other words, controls) at most 0.02 above no phrases at weight 1.
+TARGETS = {"recall": 0.80, "recall_gain": 0.40, "inserted_per_pass": 2, "runaway_per_pass": 0,
+           "wer_rise": 0.02}
 
 
-def phrase_set() -> tuple[list[dict], list[dict]]:
-    """(sentences with a phrase, sentences without), each a dict for test_demo_model.synth."""
-    with_phrase = []
-    for kind, words in PHRASES.items():
-        for word in words:
-            for carrier in CARRIERS[kind]:
-                voice, variant, speed, pitch = VOICES[len(with_phrase) % len(VOICES)]
-                with_phrase.append({"text": carrier.format(word), "phrase": word, "voice": voice,
-                                    "variant": variant, "speed": speed, "pitch": pitch})
-    fixture = json.loads(FIXTURE.read_text())
-    return with_phrase, fixture["seen_voices"] + fixture["heldout_voices"]
+def contains(text: str, phrase: str) -> int:
+    """How often `phrase` (as listed: case and accents are folded) occurs in `text` as whole words."""
+    words, target = text.split(), words_of(phrase).split()
+    n = len(target)
+    return sum(words[i : i + n] == target for i in range(len(words) - n + 1)) if n else 0
 
 
-def all_phrases(weight: float = 1.0) -> tuple[Phrase, ...]:
-    return check_phrases([(w, weight) for words in PHRASES.values() for w in words])
+def inserted(ref: str, hyp: str, listed: list[str]) -> list[str]:
+    """The listed phrases the reference does not hold and the hypothesis does."""
+    return [p for p in listed if contains(ref, p) == 0 and contains(hyp, p) > 0]
 
 
-def transcribe(engine: ASREngine, audios: list[np.ndarray], phrases: tuple[Phrase, ...]) -> list[str]:
-    """Every audio as its own stream, 16 at a time, all boosting `phrases`."""
+def runaway(ref: str, hyp: str, listed: list[str]) -> list[str]:
+    """The listed phrases the hypothesis holds more often than max(1, times the reference does)."""
+    return [p for p in listed if contains(hyp, p) > max(1, contains(ref, p))]
+
+
+def fragments(ref: str, hyp: str, listed: list[str], common: frozenset = frozenset()) -> list[str]:
+    """Words of the hypothesis (once per occurrence) that begin the first word of a listed phrase
+    the reference does not hold, without being it: at least MIN_FRAGMENT letters, neither in the
+    reference nor in `common` (the set's own words: "the" begins "thermocouple" but is no fragment)."""
+    firsts = {words_of(p).split()[0] for p in listed if contains(ref, p) == 0}
+    said = set(ref.split()) | common
+    return [w for w in hyp.split() if len(w) >= MIN_FRAGMENT and w not in said
+            and any(f.startswith(w) and f != w for f in firsts)]
+
+
+def other_word_errors(ref: str, phrases: list[str], hyp: str) -> tuple[int, int]:
+    """(errors, words) on the words of `ref` outside `phrases`: the phrases and whatever the
+    hypothesis has in their places are cut out of both sides (the hypothesis is split where the
+    alignment of the words between the phrases is best)."""
+    segments, rest = [], f" {ref} "
+    for p in sorted((words_of(p) for p in phrases), key=lambda p: f" {ref} ".find(f" {p} ")):
+        before, _, rest = rest.partition(f" {p} ")
+        segments.append(before.split())
+        rest = f" {rest} "
+    segments.append(rest.split())
+    words = hyp.split()
+
+    @lru_cache(maxsize=None)
+    def best(k: int, start: int) -> int:
+        """Errors of segments[k:] against words[start:], segment k starting at `start`."""
+        if k == len(segments) - 1:
+            return edit_distance(segments[k], words[start:])
+        return min(edit_distance(segments[k], words[start:end]) + best(k + 1, after)
+                   for end in range(start, len(words) + 1) for after in range(end, len(words) + 1))
+
+    return best(0, 0), sum(map(len, segments))
+
+
+def score(sentences: list[dict], hyps: list[str]) -> dict:
+    """One pass's figures over `sentences` (phrase sentences and controls) and their transcripts."""
+    spoken = {kind: [0, 0] for kind in PHRASES}  # kind -> [found, spoken]
+    other, control = [0, 0], [0, 0]
+    events = {"inserted": inserted, "runaway": runaway, "fragments": partial(fragments, common=common_words())}
+    found_events = {name: [] for name in events}
+    for s, hyp in zip(sentences, hyps):
+        for p in s["phrases"]:
+            spoken[s["kind"]][0] += contains(hyp, p) > 0
+            spoken[s["kind"]][1] += 1
+        errors, words = other_word_errors(s["text"], s["phrases"], hyp)
+        tally = control if s["kind"] == "control" else other
+        tally[0], tally[1] = tally[0] + errors, tally[1] + words
+        for name, find in events.items():
+            found_events[name] += [{"id": s["id"], "what": w, "ref": s["text"], "hyp": hyp}
+                                   for w in find(s["text"], hyp, s["listed"])]
+    found, total = (sum(v[i] for v in spoken.values()) for i in (0, 1))
+    return {"recall": _ratio(found, total), "found": found, "spoken": total,
+            "recall_by_kind": {kind: _ratio(*v) for kind, v in spoken.items()},
+            **{name: len(v) for name, v in found_events.items()},
+            "wer_other_words": _ratio(*other), "wer_controls": _ratio(*control),
+            "events": found_events}
+
+
+@lru_cache(maxsize=1)
+def common_words() -> frozenset:
+    """The words of the set's carriers and controls (all of them the demo model knows)."""
+    phrase_words = {w for s in build() for p in s["phrases"] for w in words_of(p).split()}
+    return frozenset(w for s in build() for w in s["text"].split()) - phrase_words
+
+
+def _ratio(a: int, b: int) -> float:
+    return round(a / b, 4) if b else 0.0
+
+
+def check_targets(figures: dict) -> dict:
+    """TARGETS against one half's figures per pass: name -> (value, met)."""
+    base, w1 = figures["no phrases"], figures["weight 1"]
+    weighted = [figures[p] for p in PASSES if PASSES[p]]
+    t = TARGETS
+    return {
+        "recall": (w1["recall"], w1["recall"] >= t["recall"]),
+        "recall_gain": (round(w1["recall"] - base["recall"], 4), w1["recall"] - base["recall"] >= t["recall_gain"]),
+        "inserted_most_in_a_pass": (max(f["inserted"] for f in weighted),
+                                    all(f["inserted"] <= t["inserted_per_pass"] for f in weighted)),
+        "runaway_most_in_a_pass": (max(f["runaway"] for f in weighted),
+                                   all(f["runaway"] <= t["runaway_per_pass"] for f in weighted)),
+        "wer_other_words_rise": (round(w1["wer_other_words"] - base["wer_other_words"], 4),
+                                 w1["wer_other_words"] - base["wer_other_words"] <= t["wer_rise"]),
+        "wer_controls_rise": (round(w1["wer_controls"] - base["wer_controls"], 4),
+                              w1["wer_controls"] - base["wer_controls"] <= t["wer_rise"]),
+    }
+
+
+def set_params(pairs: list[str]) -> dict:
+    """--param NAME=VALUE: `phrases.X`, `boosting.X` or `parakeet_stream.<module>.X` set to VALUE
+    (a Python literal: int, float, bool, tuple; otherwise the string). ValueError for a name that
+    is not an existing attribute."""
+    done = {}
+    for pair in pairs:
+        name, eq, text = pair.partition("=")
+        where, _, attr = name.strip().rpartition(".")
+        module_name = PARAM_MODULES.get(where, where)
+        if not eq or not attr or not module_name.startswith("parakeet_stream"):
+            raise ValueError(f"--param {pair!r}: expected phrases.X=V, boosting.X=V or parakeet_stream.<module>.X=V")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            raise ValueError(f"--param {pair!r}: no module {module_name}") from None
+        if not hasattr(module, attr):
+            raise ValueError(f"--param {pair!r}: {module_name} has no {attr}")
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = text.strip()
+        setattr(module, attr, value)
+        done[name.strip()] = value
+    return done
+
+
+def audio_of(sentence: dict) -> np.ndarray:
+    """The sentence spoken by its voice (tests/test_demo_model.py's rendering), cached on disk by
+    text, voice, variant, speed and pitch (its noise is seeded by the same key)."""
+    from test_demo_model import synth
+
+    item = {"text": sentence["spoken"], **{k: sentence[k] for k in ("voice", "variant", "speed", "pitch")}}
+    key = hashlib.sha1(json.dumps(item, sort_keys=True).encode()).hexdigest()[:20]
+    path = AUDIO_CACHE / f"{key}.npy"
+    if path.is_file():
+        return np.load(path).astype(np.float32) / 32768
+    audio = synth(item, seed=int(key[:8], 16))
+    AUDIO_CACHE.mkdir(parents=True, exist_ok=True)
+    np.save(path, np.round(audio * 32768).astype(np.int16))  # synth rounds to 16 bits: exact
+    return audio
+
+
+def transcribe(engine: ASREngine, audios: list[np.ndarray], lists: list[tuple]) -> list[str]:
+    """Every audio as its own stream boosting its own checked phrases, 16 streams at a time."""
     from helpers import collect_until_final
 
     out = []
     for start in range(0, len(audios), 16):
-        sids = [engine.create_stream(phrases=phrases) for _ in audios[start : start + 16]]
-        for sid, audio in zip(sids, audios[start : start + 16]):
-            engine.push_audio(sid, audio)
+        batch = range(start, min(start + 16, len(audios)))
+        sids = [engine.create_stream(phrases=lists[k]) for k in batch]
+        for sid, k in zip(sids, batch):
+            engine.push_audio(sid, audios[k])
             engine.finalize(sid)
         out += ["".join(r.text for r in collect_until_final(engine, sid)).strip() for sid in sids]
     return out
-
-
-def contains(hyp: str, phrase: str) -> int:
-    """How often `phrase` occurs in `hyp` as whole words."""
-    return f" {hyp} ".count(f" {phrase} ")
-
-
-def other_word_errors(ref: str, phrase: str, hyp: str) -> tuple[int, int]:
-    """(errors, words) on the words of `ref` outside `phrase`: the phrase and whatever the hypothesis
-    has in its place are cut out of both sides at the phrase's position (the alignment's anchor
-    words before and after it)."""
-    before, _, after = f" {ref} ".partition(f" {phrase} ")
-    before, after = before.split(), after.split()
-    words = hyp.split()
-    # the hypothesis split where the words before the phrase end and those after it start
-    best = None
-    for i in range(len(words) + 1):
-        for j in range(i, len(words) + 1):
-            e = edit_distance(before, words[:i]) + edit_distance(after, words[j:])
-            if best is None or e < best:
-                best = e
-    return best, len(before) + len(after)
-
-
-def metrics(with_items, without_items, hyps_with, hyps_without) -> dict:
-    found = [contains(h, item["phrase"]) > 0 for item, h in zip(with_items, hyps_with)]
-    other = [other_word_errors(item["text"], item["phrase"], h) for item, h in zip(with_items, hyps_with)]
-    errors = sum(edit_distance(i["text"].split(), h.split()) for i, h in zip(without_items, hyps_without))
-    words = sum(len(i["text"].split()) for i in without_items)
-    words_all = [w for ws in PHRASES.values() for w in ws]
-    return {"recall": round(sum(found) / len(found), 3),
-            "wer_phrase_free": round(errors / words, 4),
-            "wer_other_words_beside_phrases": round(sum(e for e, _ in other) / sum(n for _, n in other), 4),
-            "false_insertions": sum(contains(h, p) for h in hyps_without for p in words_all),
-            "missed": [i["phrase"] for i, ok in zip(with_items, found) if not ok]}
 
 
 def decode_cost(engine: ASREngine, audios: list[np.ndarray], counts=(0, 10, 100), repeats: int = 30) -> dict:
@@ -227,32 +327,103 @@ def cost_phrases() -> list[str]:
     return [f"{a} {b}" for b in last for a in first]
 
 
+def table(figures: dict) -> str:
+    """One half's passes as a markdown table."""
+    kinds = list(PHRASES)
+    head = ["pass", "recall", *kinds, "inserted", "runaway", "fragments", "WER other words", "WER controls"]
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, f in figures.items():
+        cells = [name, f"{f['recall']:.2f} ({f['found']}/{f['spoken']})",
+                 *(f"{f['recall_by_kind'][k]:.2f}" for k in kinds),
+                 str(f["inserted"]), str(f["runaway"]), str(f["fragments"]),
+                 f"{f['wer_other_words']:.3f}", f"{f['wer_controls']:.3f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def worst(sentences: list[dict], hyps: dict, figures: dict, limit: int) -> list[str]:
+    """The worst examples of one half (reference -> hypothesis): up to `limit` insertions, runaway
+    repeats and fragments (the lowest weight's first), then the sentences whose other words lost
+    most at weight 1."""
+    lines = []
+    for kind in ("inserted", "runaway", "fragments"):
+        events = [(name, e) for name, f in figures.items() for e in f["events"][kind]]
+        lines += [f"[{name}] {kind} {e['what']!r}: {e['ref']} -> {e['hyp']}" for name, e in events[:limit]]
+    lost = []
+    for k, s in enumerate(sentences):
+        before, after = (other_word_errors(s["text"], s["phrases"], hyps[p][k])[0] for p in ("no phrases", "weight 1"))
+        if after > before:
+            lost.append((after - before, s["text"], hyps["no phrases"][k], hyps["weight 1"][k]))
+    for _, ref, before, after in sorted(lost, key=lambda x: -x[0])[:limit]:
+        lines.append(f"[weight 1] other words: {ref} -> {after}   (no phrases: {before})")
+    return lines
+
+
+def evaluate(args, params: dict) -> dict:
+    """Every pass over the chosen halves: prints each half's table, targets and worst examples;
+    returns the full report."""
+    sentences = [s for s in build() if args.split in ("both", s["split"])]
+    started = time.perf_counter()
+    audios = [audio_of(s) for s in sentences]
+    report = {"model": args.model, "params": params, "sentences": sentences,
+              "audio_seconds": round(time.perf_counter() - started, 1)}
+    hyps = {}
+    with ASREngine(args.model, max_num_streams=16, threads=1) as engine:
+        for name, weight in PASSES.items():
+            lists = [check_phrases([(p, weight) for p in s["listed"]]) if weight else () for s in sentences]
+            hyps[name] = transcribe(engine, audios, lists)
+    report["decode_seconds"] = round(time.perf_counter() - started - report["audio_seconds"], 1)
+    for k, s in enumerate(sentences):
+        s["hyp"] = {name: hyps[name][k] for name in PASSES}
+    report["figures"], report["targets"] = {}, {}
+    for split in SPLITS:
+        picked = [k for k, s in enumerate(sentences) if s["split"] == split]
+        if not picked:
+            continue
+        half = [sentences[k] for k in picked]
+        half_hyps = {name: [hyps[name][k] for k in picked] for name in PASSES}
+        figures = {name: score(half, half_hyps[name]) for name in PASSES}
+        report["figures"][split], report["targets"][split] = figures, check_targets(figures)
+        n_phrases = len({p for s in half for p in s["phrases"]})
+        print(f"\n## {split}: {len(half)} sentences ({n_phrases} phrases, "
+              f"{sum(s['kind'] == 'control' for s in half)} controls)\n\n{table(figures)}\n")
+        met = report["targets"][split]
+        print("targets (weight 1; inserted/runaway: every weighted pass): " + ", ".join(
+            f"{name} {value:g} {'ok' if ok else 'MISSED'}" for name, (value, ok) in met.items()))
+        print("\nworst examples:\n" + "\n".join(worst(half, half_hyps, figures, args.examples)))
+    return report
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bonus", default=str(BONUS), help=f"base bonuses to try, comma-separated (default {BONUS})")
-    ap.add_argument("--no-cost", action="store_true", help="skip the decode cost figures")
+    ap.add_argument("--split", choices=["tune", "heldout", "both"], default="both",
+                    help="which half to run (tune knobs on `tune`; default both)")
+    ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="set a decoder knob before the engine is made: phrases.X (parakeet_stream.engine."
+                         "phrases), boosting.X (parakeet_stream.model.boosting) or parakeet_stream.<module>.X; "
+                         "repeatable")
+    ap.add_argument("--examples", type=int, default=8, help="worst examples shown per kind of failure")
+    ap.add_argument("--out", type=Path, default=REPORT, help=f"the full JSON report (default {REPORT.relative_to(ROOT)})")
     ap.add_argument("--cost-only", action="store_true", help="only the decode cost figures")
     ap.add_argument("--model", default="demo", help="the model (recall figures need `demo`: the set is made for it; "
                                                     "--cost-only takes any, e.g. a random-weight `small` folder)")
     args = ap.parse_args(argv)
-    from test_demo_model import synth
-
     torch.set_num_threads(1)
-    with_items, without_items = phrase_set()
-    audio_with = [synth(item, seed=k) for k, item in enumerate(with_items)]
-    audio_without = [synth(item, seed=k) for k, item in enumerate(without_items)]
-    report = {"sentences_with_phrases": len(with_items), "sentences_without": len(without_items),
-              "phrases_per_stream": len(all_phrases())}
-    with ASREngine(args.model, max_num_streams=16, threads=1) as engine:
-        for bonus in [] if args.cost_only else [0.0] + [float(b) for b in args.bonus.split(",")]:
-            phrases = all_phrases(bonus / BONUS) if bonus else ()
-            hyps_with, hyps_without = transcribe(engine, audio_with, phrases), transcribe(engine, audio_without, phrases)
-            report[f"bonus {bonus:g}"] = metrics(with_items, without_items, hyps_with, hyps_without)
-            print(json.dumps({f"bonus {bonus:g}": report[f"bonus {bonus:g}"]}), flush=True)
-        if not args.no_cost:
-            report["decode_ms_per_step_batch16"] = decode_cost(engine, audio_with + audio_without)
-            report["microseconds_batch16"] = step_cost(engine, audio_with + audio_without)
-    print(json.dumps(report, indent=1))
+    try:
+        params = set_params(args.param)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.cost_only:
+        audios = [audio_of(s) for s in build()[:16]]
+        with ASREngine(args.model, max_num_streams=16, threads=1) as engine:
+            report = {"decode_ms_per_step_batch16": decode_cost(engine, audios),
+                      "microseconds_batch16": step_cost(engine, audios)}
+        print(json.dumps(report, indent=1))
+        return
+    report = evaluate(args, params)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False))
+    print(f"\nwrote {args.out} ({report['audio_seconds']} s audio, {report['decode_seconds']} s decoding)")
 
 
 if __name__ == "__main__":

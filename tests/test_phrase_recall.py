@@ -1,10 +1,11 @@
 """Key phrases through the engine with the bundled demo model, on espeak-ng speech made at test time
-(a part of scripts/phrase_eval.py's set): boosting recovers names the model misses, inserts none
+(sentences of the set scripts/phrase_eval.py measured before it was split into halves): boosting recovers names the model misses, inserts none
 where they are not said, and a step mixing streams with and without phrases gives each stream its
 tokens, through the static batches (the CUDA graphs' stand-in) as eagerly."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -14,14 +15,49 @@ from helpers import collect_until_final, tokens_of
 from test_demo_model import DEMO, synth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from phrase_eval import all_phrases, contains, phrase_set  # noqa: E402
+from phrase_eval import contains  # noqa: E402
 
 from parakeet_stream.engine import ASREngine  # noqa: E402
+from parakeet_stream.engine.phrases import Phrase, check_phrases  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (DEMO / "model.safetensors").is_file() or shutil.which("espeak-ng") is None,
                                 reason="needs weights/demo and espeak-ng (see test_demo_model.py)")
 
-# Measured on the shipped demo model (these 10 sentences, every phrase of phrase_eval.PHRASES boosted at
+PHRASES = {  # kind -> words the demo model's 10,000-word vocabulary lacks
+    "person": ["kowalski", "nguyen", "papadopoulos", "wojciechowski", "okonkwo", "tchaikovsky", "gorbachev"],
+    "place": ["reykjavik", "ouagadougou", "kilimanjaro", "zanzibar", "titicaca"],
+    "drug": ["ibuprofen", "metformin", "lisinopril", "azithromycin", "acetaminophen"],
+    "product": ["kubernetes", "photoshop", "netflix"],
+}
+CARRIERS = {
+    "person": ["i spoke with {} about the new plan", "please call {} before the meeting tomorrow"],
+    "place": ["we flew to {} last summer", "the road to {} was long and dusty"],
+    "drug": ["the doctor told me to take {} twice a day", "she stopped taking {} last week"],
+    "product": ["we moved all our work to {} last month", "my brother says {} is too expensive"],
+}
+VOICES = [("en-us", "default", 160, 50), ("en", "m3", 150, 45), ("en-gb-x-rp", "f2", 165, 55),
+          ("en-us-nyc", "Andy", 155, 40)]
+FIXTURE = Path(__file__).parent / "fixtures" / "demo_sentences.json"
+
+
+def phrase_set() -> tuple[list[dict], list[dict]]:
+    """(40 sentences with a phrase, the 40 held-out sentences of demo_sentences.json, which hold none)."""
+    with_phrase = []
+    for kind, words in PHRASES.items():
+        for word in words:
+            for carrier in CARRIERS[kind]:
+                voice, variant, speed, pitch = VOICES[len(with_phrase) % len(VOICES)]
+                with_phrase.append({"text": carrier.format(word), "phrase": word, "voice": voice,
+                                    "variant": variant, "speed": speed, "pitch": pitch})
+    fixture = json.loads(FIXTURE.read_text())
+    return with_phrase, fixture["seen_voices"] + fixture["heldout_voices"]
+
+
+def all_phrases() -> tuple[Phrase, ...]:
+    return check_phrases([w for words in PHRASES.values() for w in words])
+
+
+# Measured on the shipped demo model (these 10 sentences, every phrase of PHRASES boosted at
 # the default bonus): RECALL_PLAIN of them without boosting, RECALL_BOOSTED with; asserted with margins.
 RECALL_PLAIN, RECALL_BOOSTED = 0, 3
 PICKED = range(0, 40, 4)  # one sentence of every other phrase
