@@ -5,7 +5,7 @@ WER; and the decode cost of boosting.
 
     python scripts/phrase_eval.py                          # both halves: the table, results/phrase_eval.json
     python scripts/phrase_eval.py --split tune --param phrases.BONUS=4 --param boosting.FIRST_SHARE=0.5
-    python scripts/phrase_eval.py --cost-only              # only the decode cost at 0 / 10 / 100 phrases
+    python scripts/phrase_eval.py --cost-only              # only the decode cost, greedy vs beam, batch 1/16/64
 
 The set (scripts/phrase_set.py) is split BY PHRASE into a tuning half and a held-out half: tune
 knobs on `tune`, report `heldout`. Every sentence is its own stream, through the real ASREngine
@@ -48,7 +48,6 @@ import torch
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine.phrases import LIMITS, boosting_tree, check_phrases
 from parakeet_stream.model.boosting import BoostPool, word_starts
-from parakeet_stream.model.greedy import GreedyPass
 from parakeet_stream.training.data import edit_distance
 from phrase_set import PHRASES, SPLITS, build, words_of
 
@@ -226,64 +225,49 @@ def transcribe(engine: ASREngine, audios: list[np.ndarray], lists: list[tuple]) 
     return out
 
 
-def decode_cost(engine: ASREngine, audios: list[np.ndarray], counts=(0, 10, 100), repeats: int = 30) -> dict:
-    """Milliseconds per greedy pass over one streaming chunk of 16 streams, per phrase count: the
-    counts' passes interleaved chunk by chunk (the machine's noise hits them alike), the best of
-    `repeats` runs."""
-    model = engine.model
-    enc, enc_len, step = encoded(engine, audios)
-    steps = min(COST_STEPS, enc.size(1) // step)
-    pools = {n: loaded_pool(model, n) for n in counts}
-    best = {n: float("inf") for n in counts}
-    for _ in range(repeats):
-        spent = dict.fromkeys(counts, 0.0)
-        states = {n: model.decoder.initial_state(16) for n in counts}
-        for n in counts:
-            for slot in range(16):
-                pools[n].node[slot] = 0
-        for k in range(steps):
-            chunk = enc[:, k * step : (k + 1) * step].float()
-            valid = (enc_len - k * step).clamp(0, step)
-            for n in counts:
-                seconds, states[n] = _pass(model.decoder, chunk, valid, states[n], pools[n])
-                spent[n] += seconds
-        best = {n: min(best[n], spent[n] / steps) for n in counts}
-    return {n: round(seconds * 1000, 3) for n, seconds in best.items()}
-
-
-def step_cost(engine: ASREngine, audios: list[np.ndarray], counts=(10, 100), repeats: int = 300) -> dict:
-    """Microseconds of the first greedy iteration over a streaming chunk of 16 streams (the joint over
-    the chunk, the prediction network where a label is emitted), and of the boosting step where all 16 emit,
-    per phrase count, with every stream at the root of its tree and with every stream two tokens into
-    a phrase; best of `repeats`. The step's inputs are the same for every count (the joint at each
-    stream's first frame, the model's best label that is not blank), so unlike the passes above, the
-    figures do not depend on which labels boosting picks."""
+def decode_cost(engine: ASREngine, audios: list[np.ndarray], batches=(1, 16, 64), counts=(10, 100),
+                repeats: int = 5) -> dict:
+    """Milliseconds per decode of one streaming chunk of `batch` streams, as the runner's decode stage
+    runs it on this device: the greedy pass (streams without phrases) and the beam search (every
+    stream boosting `count` of cost_phrases()); the chunks of the first 16 audios, repeated to the
+    batch, their passes interleaved chunk by chunk (the machine's noise hits them alike), the best
+    of `repeats` runs."""
+    from parakeet_stream.engine import phrases
+    from parakeet_stream.model.beam import BeamPass, BeamPool
+    
     model, dec = engine.model, engine.model.decoder
-    enc, enc_len, step = encoded(engine, audios)
-    chunk, valid = enc[:, :step].float(), enc_len.clamp(max=step)
-    state = dec.initial_state(16)
-    with torch.inference_mode():
-        passes = [GreedyPass(dec, chunk, valid, state) for _ in range(repeats)]
-        logits = dec.joint(passes[0].f[:, :1], passes[0].g.unsqueeze(1))[:, 0]
-        label, rows = logits[:, : dec.blank].argmax(1), torch.arange(16)
-        out = {"greedy iteration": best_of([p.iterate_active for p in passes])}
-        for n in counts:
-            pool = loaded_pool(model, n)
-            for where, node in (("at the root", 0), ("in a phrase", 2)):
-                pool.node[:] = node
-                steps = [partial(pool.rows(rows, rows.tolist()).step, logits, label, rows) for _ in range(repeats)]
-                out[f"boosting step, {n} phrases, {where}"] = best_of(steps)
+    enc16, len16, step = encoded(engine, audios)
+    out = {}
+    for batch in batches:
+        enc, enc_len = enc16.repeat((batch + 15) // 16, 1, 1)[:batch], len16.repeat((batch + 15) // 16)[:batch]
+        steps = min(COST_STEPS, enc.size(1) // step)
+        pools = {n: loaded_pool(model, n, batch) for n in counts}
+        best = {name: float("inf") for name in ["greedy", *(f"beam, {n} phrases" for n in counts)]}
+        slots = torch.arange(batch)
+        for _ in range(repeats):
+            spent = dict.fromkeys(best, 0.0)
+            state = dec.initial_state(batch)
+            beams = {n: BeamPool(dec, batch, phrases.BEAM, torch.device("cpu")) for n in counts}
+            for pool in beams.values():
+                pool.reset(slots)
+            for k in range(steps):
+                chunk = enc[:, k * step : (k + 1) * step].float()
+                valid = (enc_len - k * step).clamp(0, step)
+                with torch.inference_mode():
+                    started = time.perf_counter()
+                    state = type(state)(*GreedyPass(dec, chunk, valid, state, eou=engine.runner.eou).run().state())
+                    spent["greedy"] += time.perf_counter() - started
+                    for n in counts:
+                        started = time.perf_counter()
+                        widths = tuple(pools[n].widths.max(0).tolist())
+                        found = BeamPass(dec, chunk, valid, beams[n].gather(slots), pools[n], slots, phrases.SYMBOLS,
+                                         phrases.DECAY, engine.runner.eou, widths).run()
+                        beams[n].scatter(slots, found.hyps)
+                        found.packed().numpy()
+                        spent[f"beam, {n} phrases"] += time.perf_counter() - started
+            best = {name: min(best[name], spent[name] / steps) for name in best}
+        out[f"batch {batch}"] = {name: round(seconds * 1000, 3) for name, seconds in best.items()}
     return out
-
-
-def best_of(calls) -> float:
-    """The fastest of `calls` (each run once), in microseconds."""
-    best = float("inf")
-    for call in calls:
-        started = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - started)
-    return round(best * 1e6, 1)
 
 
 def encoded(engine: ASREngine, audios: list[np.ndarray]):
@@ -298,25 +282,17 @@ def encoded(engine: ASREngine, audios: list[np.ndarray]):
     return enc, enc_len, model.encoder.chunk_spec(mode).out_frames
 
 
-def loaded_pool(model, count: int) -> BoostPool:
-    """A CPU slot pool of 16 streams, each boosting `count` of cost_phrases() (its own rotation of the list)."""
-    pool = BoostPool(16, LIMITS, torch.device("cpu"), word_starts(model.tokenizer, model.decoder.blank + 1))
+def loaded_pool(model, count: int, rows: int = 16) -> BoostPool:
+    """A CPU slot pool of `rows` streams, each boosting `count` of cost_phrases() (its own rotation of the list)."""
+    from parakeet_stream.engine import phrases
+
+    pool = BoostPool(rows, LIMITS, torch.device("cpu"), word_starts(model.tokenizer, model.decoder.blank + 1),
+                     phrases.EVIDENCE)
     names = cost_phrases()
-    for slot in range(16):
-        pool.load(slot, boosting_tree(check_phrases(names[slot:] + names[:slot])[:count], model.tokenizer))
+    for slot in range(rows):
+        k = slot % len(names)
+        pool.load(slot, boosting_tree(check_phrases(names[k:] + names[:k])[:count], model.tokenizer))
     return pool
-
-
-def _pass(decoder, chunk, valid, state, pool: BoostPool):
-    """(seconds, state after) of one greedy pass over a chunk, the boosting nodes carried in `pool`."""
-    slots = torch.arange(chunk.size(0))
-    with torch.inference_mode():
-        started = time.perf_counter()
-        boost = pool.rows(slots, slots.tolist())
-        done = GreedyPass(decoder, chunk, valid, state, boost=boost).run()
-        if boost is not None:
-            boost.save()
-        return time.perf_counter() - started, type(state)(*done.state())
 
 
 def cost_phrases() -> list[str]:
@@ -416,8 +392,7 @@ def main(argv=None) -> None:
     if args.cost_only:
         audios = [audio_of(s) for s in build()[:16]]
         with ASREngine(args.model, max_num_streams=16, threads=1) as engine:
-            report = {"decode_ms_per_step_batch16": decode_cost(engine, audios),
-                      "microseconds_batch16": step_cost(engine, audios)}
+            report = {"decode_ms_per_chunk": decode_cost(engine, audios)}
         print(json.dumps(report, indent=1))
         return
     report = evaluate(args, params)

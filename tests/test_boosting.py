@@ -1,31 +1,23 @@
-"""Key-phrase boosting (model/boosting.py, its use in model/greedy.py, engine/phrases.py): the tree
-(shared prefixes, failure arcs, weights), the choice it makes at one label, and greedy passes over
-batches that mix streams with and without phrases, eagerly and in fixed shapes: a stream without
-phrases gets the labels of the frame-looping reference, every stream those it gets alone."""
+"""Key-phrase boosting trees (model/boosting.py, engine/phrases.py): the tree (shared prefixes,
+failure arcs, rewards), what each next label does to a hypothesis's phrase match (banked rewards,
+loans given back, no reward for a repeat or a match the model did not hear), and the phrase checks.
+The beam search that uses them: tests/test_beam.py."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from frame_looping import frame_looping
-from test_greedy import random_decoder
-
 from parakeet_stream.engine.phrases import MAX_PHRASE_TOKENS, Phrase, PhraseError, boosting_tree, check_phrases
 from parakeet_stream.model.boosting import FIRST_SHARE as H
-from parakeet_stream.model.boosting import BoostingTree, BoostLimits, BoostPool, BoostRows, word_starts
-from parakeet_stream.model.greedy import GreedyPass, unpack
-from parakeet_stream.model.rnnt import DecoderState
+from parakeet_stream.model.boosting import BoostingTree, BoostLimits, BoostPool, Matches, PhrasePath, word_starts
 from parakeet_stream.model.tokenizer import Tokenizer
 from parakeet_stream.tools.transcribe import read_phrases
 
 LIMITS = BoostLimits(root_width=8, nodes=64, arcs=128, arc_width=16)
-STARTS = np.arange(21) % 3 == 0  # the random decoder's labels (blank, 20, aside) that start a word
-STARTS[20] = False
 DEMO_TOKENIZER = Path(__file__).resolve().parent.parent / "weights" / "demo" / "tokenizer.model"
 
 
@@ -42,9 +34,14 @@ def walk(tree: BoostingTree, node: int, token: int) -> tuple[int, float]:
     return 0, 0.0
 
 
+def tree(*phrases: tuple[list[int], float] | tuple[list[int], float, float]) -> BoostingTree:
+    """(tokens, bonus per token[, reward factor]) each."""
+    return BoostingTree([PhrasePath(*p) for p in phrases], LIMITS)
+
+
 def example() -> BoostingTree:
     # nodes by insertion: 1 = [1], 2 = [1 2], 3 = [1 2 3], 4 = [1 2 4], 5 = [2], 6 = [2 3]
-    return BoostingTree([([1, 2, 3], 1.0), ([1, 2, 4], 2.0), ([2, 3], 1.0)], LIMITS)
+    return tree(([1, 2, 3], 1.0), ([1, 2, 4], 2.0), ([2, 3], 1.0, 3.0))
 
 
 def test_shared_prefixes_are_one_path_worth_the_largest_bonus():
@@ -54,12 +51,13 @@ def test_shared_prefixes_are_one_path_worth_the_largest_bonus():
     assert walk(tree, 1, 2) == (2, 2 * H + 2)
     assert walk(tree, 2, 3) == (3, 2 * H + 3) and walk(tree, 2, 4) == (4, 2 * H + 4)
     assert walk(tree, 0, 2) == (5, H) and walk(tree, 5, 3) == (6, H + 1)
-    assert tree.done.tolist() == [0, 0, 0, 2 * H + 3, 2 * H + 4, 0, H + 1]  # what a complete phrase keeps
+    assert tree.done.tolist() == [0, 0, 0, 2 * H + 3, 2 * H + 4, 0, 3 * (H + 1)]  # a full match's reward
+    assert tree.done_id.tolist() == [0, 0, 0, 3, 4, 0, 6] and tree.depth.tolist() == [0, 1, 2, 3, 3, 1, 2]
 
 
 def test_failure_arcs_fall_back_to_the_longest_suffix_still_matching():
     tree = example()
-    assert walk(tree, 2, 2) == (5, H)  # [1 2] then 2: only [2] still matches
+    assert tree.done[2] == 0 and walk(tree, 2, 2) == (5, H)  # [1 2] then 2: only [2] still matches
     assert walk(tree, 4, 1) == (1, 2 * H)  # a phrase done, the next one starts
     assert walk(tree, 6, 2) == (5, H)
     assert walk(tree, 2, 9) == (0, 0.0) and walk(tree, 3, 7) == (0, 0.0)  # the match broken: back to the root
@@ -68,18 +66,18 @@ def test_failure_arcs_fall_back_to_the_longest_suffix_still_matching():
 
 def test_a_node_earns_its_best_suffix_match():
     # [5 1] at a small bonus, [1] at a large one: after 5 1, the match worth more is the suffix [1]
-    tree = BoostingTree([([5, 1, 7], 0.5), ([1, 8], 3.0)], LIMITS)
-    node, value = walk(tree, walk(tree, 0, 5)[0], 1)
-    assert value == 3 * H and walk(tree, node, 8)[1] == 3 * H + 3 and walk(tree, node, 7)[1] == 0.5 * H + 1
+    t = tree(([5, 1, 7], 0.5), ([1, 8], 3.0))
+    node, value = walk(t, walk(t, 0, 5)[0], 1)
+    assert value == 3 * H and walk(t, node, 8)[1] == 3 * H + 3 and walk(t, node, 7)[1] == 0.5 * H + 1
 
 
 def test_trees_past_the_pool_limits_are_refused():
     with pytest.raises(ValueError):
-        BoostingTree([([k], 1.0) for k in range(9)], LIMITS)  # 9 first tokens, room for 8
+        tree(*[([k], 1.0) for k in range(9)])  # 9 first tokens, room for 8
     with pytest.raises(ValueError):
-        BoostingTree([([1, k], 1.0) for k in range(17)], LIMITS)  # 17 arcs from node [1], room for 16
+        tree(*[([1, k], 1.0) for k in range(17)])  # 17 arcs from node [1], room for 16
     with pytest.raises(ValueError):
-        BoostingTree([([1] * 64, 1.0)], LIMITS)
+        tree(([1] * 64, 1.0))
 
 
 @pytest.mark.skipif(not DEMO_TOKENIZER.is_file(), reason="weights/demo is absent")
@@ -135,115 +133,77 @@ def test_a_phrases_file_has_a_phrase_a_line_and_an_optional_tab_weight(tmp_path)
             read_phrases(path, model)
 
 
-def test_boosting_chooses_which_label_only_where_the_model_emits_one():
-    pool = BoostPool(3, LIMITS, torch.device("cpu"), np.zeros(9, dtype=bool))
-    bonus = 1.5 / H  # the first token earns 1.5, the second 1.5 / H more
-    pool.load(0, BoostingTree([([4, 6], bonus)], LIMITS))
-    pool.load(2, BoostingTree([([4, 6], bonus)], LIMITS))
-    pool.node[2] = 1  # slot 2 has matched [4] already
-    rows = pool.rows(torch.arange(3), [0, 1, 2])
-    logits = torch.zeros(3, 9)
-    logits[:, 3] = 2.0  # the model's label: 3
-    logits[:, 4] = 1.0  # 4 starts the phrase: 1 + 1.5 > 2
-    label, node = rows.choose(logits, torch.full((3,), 3))  # and 6 continues it after [4]: 0 + 1.5 + bonus > 2
-    assert label.tolist() == [4, 3, 6] and node.tolist() == [1, 0, 2]
-    logits[:, 3] = 1.5 + bonus  # the model is surer: 3 wins over 1 + 1.5 and ties with 0 + 1.5 + bonus
-    label, node = rows.choose(logits, torch.full((3,), 3))
-    assert label.tolist() == [3, 3, 3] and node.tolist() == [0, 0, 0]  # ties keep the model's label
+STARTS = np.arange(10) < 3  # labels 0, 1, 2 start a word; 9 is blank
+NO_BOUND = -1e9  # no evidence needed
 
 
-def test_a_complete_phrase_keeps_its_bonus_only_if_a_word_starts_next():
-    starts = np.arange(9) < 3  # labels 0, 1, 2 start a word
-    pool = BoostPool(2, LIMITS, torch.device("cpu"), starts)
-    for slot in (0, 1):
-        pool.load(slot, BoostingTree([([4, 6], 1.0)], LIMITS))
-    pool.node[1] = 2  # slot 1 has just completed [4 6]
-    rows = pool.rows(torch.arange(2), [0, 1])
-    logits = torch.zeros(2, 9)
-    logits[:, 5] = 1.0  # the model's label glues letters on: 5
-    logits[:, 1] = 0.5  # the best label that starts a word: 1
-    label, node = rows.choose(logits, torch.full((2,), 5))
-    assert label.tolist() == [5, 1] and node.tolist() == [0, 0]
+def expand(pool: BoostPool, node: int, banked: float = 0.0, last: int = -1, heard: float = 0.0, logp: float = -1.0):
+    """What every label does to one hypothesis of slot 0 at `node`, the model giving each label `logp`."""
+    matches = Matches(torch.tensor([node]), torch.tensor([banked]), torch.tensor([last]), torch.tensor([heard]))
+    found = pool.expand(torch.tensor([0]), matches, torch.full((1, 10), logp), (8, 16))
+    return SimpleNamespace(**{k: v[0].tolist() for k, v in vars(found).items()})
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_the_cpus_numpy_choice_is_the_torch_choice(seed):
-    """HostBoostRows (eager passes on the CPU) against BoostRows at full widths (fixed shapes) and on
-    row subsets (eager passes on a GPU): random trees and nodes, logits in steps of 0.5 and bonuses
-    in steps of 0.25, so that candidates often tie exactly (the first in order must win)."""
-    gen = np.random.default_rng(seed)
-    pool = BoostPool(8, LIMITS, torch.device("cpu"), STARTS)
-    nodes = []
-    for slot in range(7):  # slot 7 has no phrases
-        tree = BoostingTree([(gen.integers(0, 20, gen.integers(1, 5)).tolist(), float(gen.choice([0.5, 1.0, 2.0])))
-                             for _ in range(3)], LIMITS)
-        pool.load(slot, tree)
-        nodes.append(tree.nodes)
-    slots = torch.arange(8)
-    for _ in range(60):
-        pool.node[:7] = torch.from_numpy(gen.integers(0, nodes))
-        host, fixed = pool.rows(slots, slots.tolist()), pool.rows(slots)
-        device = BoostRows(pool, slots, *pool.widths.max(0).tolist())
-        logits = torch.from_numpy(gen.integers(-6, 6, (8, 21)) / 2).float()
-        logits[:, 20] = -9.0  # blank: the model emits a label
-        label = logits.argmax(1)
-        rows = torch.from_numpy(np.sort(gen.choice(8, gen.integers(1, 9), replace=False)))
-        expected = [found[rows].tolist() for found in fixed.choose(logits, label)]
-        for eager in (host, device):
-            assert [found.tolist() for found in eager.choose(logits[rows], label[rows], rows)] == expected
+def pool_of(*phrases, evidence: float = NO_BOUND) -> BoostPool:
+    pool = BoostPool(2, LIMITS, torch.device("cpu"), STARTS, evidence)
+    pool.load(0, tree(*phrases))
+    return pool
 
 
-TREES = [[([3, 5, 1], 2.0), ([7, 7], 1.0)], None, [([2, 9], 3.0), ([2, 4, 4, 6], 1.5)], None,
-         [([3, 5, 1], 2.0), ([7, 7], 1.0)], [([11], 4.0)]]
+def test_a_label_earns_a_loan_along_a_phrase_and_a_broken_match_gives_it_back():
+    pool = pool_of(([4, 5, 6], 2.0))  # nodes 1 = [4], 2 = [4 5], 3 = [4 5 6]
+    start = expand(pool, 0)
+    assert start.node[4] == 1 and start.after[4] == 2 * H and start.after[3] == 0.0
+    inside = expand(pool, 1)
+    assert inside.node[5] == 2 and inside.after[5] == 2 * H + 2
+    assert inside.node[3] == 0 and inside.after[3] == 0.0  # broken: the loan is gone
+    assert inside.banked == [0.0] * 10
 
 
-def passes(decoder, enc, lengths, state, trees, fixed: bool, chunk: int = 4):
-    """Greedy over `enc` in chunks of `chunk` frames, the decoder state and the boosting nodes
-    carried between them as the runner carries them in its pools; [(label, frame)] per stream."""
-    b = enc.size(0)
-    pool = BoostPool(b + 1, LIMITS, torch.device("cpu"), STARTS)
-    for slot, phrases in enumerate(trees):
-        pool.load(slot, BoostingTree(phrases, LIMITS) if phrases else None)
-    slots = torch.arange(b)
-    out: list[list[tuple[int, int]]] = [[] for _ in range(b)]
-    for at in range(0, enc.size(1), chunk):
-        valid = (lengths - at).clamp(0, chunk)
-        boost = pool.rows(slots) if fixed else pool.rows(slots, slots.tolist())
-        done = GreedyPass(decoder, enc[:, at : at + chunk], valid, state, boost=boost)
-        done.run(guard=(lambda active: nullcontext()) if fixed else None)
-        if boost is not None:
-            boost.save()
-        state = DecoderState(*done.state())
-        for stream, found in zip(out, unpack(done.packed().numpy())):
-            stream += [(label, at + frame) for label, frame in found]
-    return out
+def test_a_full_match_banks_its_reward_when_a_word_starts_and_gluing_letters_on_banks_nothing():
+    pool = pool_of(([2, 5], 2.0, 3.0))  # the reward: 3 x (2 H + 2)
+    reward = 3 * (2 * H + 2)
+    done = expand(pool, 2)
+    assert done.banked[1] == reward and done.after[1] == reward and done.last[1] == 2  # label 1 starts a word
+    assert done.banked[7] == 0.0 and done.after[7] == 0.0  # label 7 glues letters on: the name was not whole
+    assert done.banked[2] == reward and done.node[2] == 1  # the same phrase starts again, its first loan on top
+    assert done.after[2] == reward + 2 * H
 
 
-@pytest.mark.parametrize("fixed", [False, True])
-@pytest.mark.parametrize("blank_bias", [-1.0, 1.0])
-def test_a_mixed_batch_gives_each_stream_its_tokens_alone(fixed, blank_bias):
-    decoder = random_decoder(blank_bias)
-    gen = torch.Generator().manual_seed(7)
-    b, frames = len(TREES), 24
-    enc = torch.randn(b, frames, 32, generator=gen)
-    lengths = torch.tensor([24, 20, 24, 9, 17, 24])
-    state = decoder.initial_state(b)
-    with torch.inference_mode():
-        together = passes(decoder, enc, lengths, state, TREES, fixed)
-        plain, _ = frame_looping(decoder, enc, lengths, state)
-        for row, phrases in enumerate(TREES):
-            alone = passes(decoder, enc[row : row + 1], lengths[row : row + 1], state.gather(torch.tensor([row])),
-                           [phrases], fixed)
-            assert together[row] == alone[0], row
-            if phrases is None:
-                assert together[row] == plain[row], row  # no phrases: the decoder without boosting
-    assert sum(together[r] != plain[r] for r, phrases in enumerate(TREES) if phrases) >= 2  # boosting did act
+def test_a_phrase_right_after_itself_banks_nothing_but_after_another_word_it_does():
+    pool = pool_of(([4, 5], 2.0))
+    again = expand(pool, 2, banked=9.0, last=2)  # [4 5] banked last, [4 5] again
+    assert again.banked[1] == 9.0 and again.last[1] == -1  # nothing banked; label 1 is a word outside them
+    other = expand(pool, 0, banked=9.0, last=2)  # a word outside the phrases resets it
+    assert other.last[1] == -1 and other.last[4] == 2
+    later = expand(pool, 2, banked=9.0, last=-1)
+    assert later.banked[1] == 9.0 + 2 * H + 2
 
 
-def test_without_phrases_in_the_batch_there_is_nothing_to_boost():
-    pool = BoostPool(4, LIMITS, torch.device("cpu"), STARTS)
-    pool.load(1, BoostingTree([([1], 1.0)], LIMITS))
-    assert pool.rows(torch.tensor([0, 2]), [0, 2]) is None
-    assert pool.rows(torch.tensor([0, 1]), [0, 1]) is not None
-    pool.load(1, None)  # the slot reused by a stream without phrases
-    assert pool.rows(torch.tensor([0, 1]), [0, 1]) is None and int(pool.node[1]) == 0
+def test_a_match_the_model_did_not_hear_earns_no_reward():
+    pool = pool_of(([4, 5], 2.0), evidence=-3.0)  # the mean log-probability per label must be >= -3
+    assert expand(pool, 2, heard=-6.0).banked[1] == 2 * H + 2
+    assert expand(pool, 2, heard=-6.5).banked[1] == 0.0
+    heard = expand(pool, 1, heard=-2.0, logp=-1.5)
+    assert heard.heard[5] == -3.5 and heard.heard[4] == -1.5 and heard.heard[3] == 0.0  # continued, restarted, left
+    assert heard.after[5] == 2 * H + 2  # completed, heard: the loan stands
+    unheard = expand(pool, 1, heard=-2.0, logp=-4.5)
+    assert unheard.heard[5] == -6.5 and unheard.after[5] == 0.0  # completed, not heard: the loan is gone
+    end_ok = Matches(torch.tensor([2]), torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([-6.0]))
+    end_bad = Matches(torch.tensor([2]), torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([-7.0]))
+    assert pool.final(torch.tensor([0]), end_ok).item() == 1.0 + 2 * H + 2
+    assert pool.final(torch.tensor([0]), end_bad).item() == 1.0
+
+
+def test_a_shorter_phrase_inside_a_longer_one_banks_only_where_the_longer_one_stops():
+    pool = pool_of(([4], 2.0), ([4, 1, 5], 2.0))  # "anna" and "anna kowalski": 1 starts a word
+    done = expand(pool, 1)  # [4] complete
+    assert done.node[1] == 2 and done.banked[1] == 0.0  # the longer phrase goes on: nothing banked yet
+    assert done.banked[0] == 2 * H  # another word: [4] is banked
+
+
+def test_a_slot_reused_without_phrases_has_none():
+    pool = pool_of(([4, 5], 2.0))
+    assert pool.has_phrases([0, 1]).tolist() == [True, False]
+    pool.load(0, None)
+    assert not pool.has_phrases([0]).any() and expand(pool, 0).after == [0.0] * 10

@@ -136,15 +136,17 @@ def test_riva_boost_is_a_weight_of_twenty_per_unit():
 @pytest.mark.parametrize("kind", ["tcp", "ws"])
 async def test_native_start_phrases_reach_the_engine_and_show_in_started(engine, sentence, kind):
     spy = SpyEngine(engine)
-    asked = ["Anya  Okafor", {"text": "Kubernetes", "weight": 2}, {"text": "Kubernetes"}]
+    asked = ["Anya  Okafor", {"text": "Kubernetes", "weight": 2}, {"text": "Kubernetes"}, "Zoë Ünal"]
     async with running_server(spy) as ctx, Raw.open(url(ctx, kind)) as conn:
         await conn.send({"type": "start", "phrases": asked})
         started = (await conn.until("started"))[-1]
         for message in audio_messages(sentence):
             await conn.send(message)
         await conn.until("result", is_final=True)
-    assert started["phrases"] == [{"text": "Anya Okafor", "weight": 1.0}, {"text": "Kubernetes", "weight": 2.0}]
-    assert spy.created[-1] == (started["stream_id"], (Phrase("Anya Okafor"), Phrase("Kubernetes", 2.0)))
+    # echoed as the model writes them (the demo model: lower case, no accents)
+    assert started["phrases"] == [{"text": "anya okafor", "weight": 1.0}, {"text": "kubernetes", "weight": 2.0},
+                                  {"text": "zoe unal", "weight": 1.0}]
+    assert spy.created[-1] == (started["stream_id"], (Phrase("Anya Okafor"), Phrase("Kubernetes", 2.0), Phrase("Zoë Ünal")))
     assert spy.phrases()[0] == ()  # the stream opened at connect, before the start: reopened
 
 

@@ -35,7 +35,7 @@ from . import chunker
 from .chunker import Window
 from .cuda_graphs import StaticBatches, graph_sizes, loop_guard, unconditional
 from .beams import BeamCommits
-from .phrases import BEAM, DECAY, EVIDENCE, LIMITS, MAX_LAG_SECONDS, SYMBOLS
+from . import phrases
 from .step import Batch, Step, StepItem
 from .streams import StageStreams
 
@@ -57,7 +57,7 @@ class ModelRunner:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.eou = model.tokenizer.eou_id if model.tokenizer is not None else None
         self.cache, self.decoder_state, self.boost, self.beams = self.allocate_pools(slots)
-        self.commits = BeamCommits(BEAM, max(1, round(MAX_LAG_SECONDS / model.frame_seconds)))
+        self.commits = BeamCommits(phrases.BEAM, max(1, round(phrases.MAX_LAG_SECONDS / model.frame_seconds)))
         self.streams = StageStreams(self.device, STAGES)
         self.pre_encoders: dict[Lookahead, StaticBatches] = {}
         self.encoders: dict[Lookahead, StaticBatches] = {}
@@ -74,8 +74,8 @@ class ModelRunner:
         decoder = self.model.decoder
         cache = EncoderCache.zeros(self.model.cfg.encoder, rows, self.device, self.model.encoder_dtype)
         starts = word_starts(self.model.tokenizer, decoder.blank + 1)
-        return (cache, decoder.state_pool(rows, self.device), BoostPool(rows, LIMITS, self.device, starts, EVIDENCE),
-                BeamPool(decoder, rows, BEAM, self.device))
+        boost = BoostPool(rows, phrases.LIMITS, self.device, starts, phrases.EVIDENCE)
+        return cache, decoder.state_pool(rows, self.device), boost, BeamPool(decoder, rows, phrases.BEAM, self.device)
 
     @property
     def static_batches(self) -> list[StaticBatches]:
@@ -147,11 +147,11 @@ class ModelRunner:
         packed, plain = [], []
         for batch in step.batches:
             slots = [item.slot for item in batch.items]
-            phrases = self.boost.has_phrases(slots)
-            if phrases.any():
-                self._decode_beams(batch, np.flatnonzero(phrases), slots)
-            if not phrases.all():
-                rows = np.flatnonzero(~phrases)
+            boosted = self.boost.has_phrases(slots)
+            if boosted.any():
+                self._decode_beams(batch, np.flatnonzero(boosted), slots)
+            if not boosted.all():
+                rows = np.flatnonzero(~boosted)
                 packed.append(self._decode_greedy(batch, rows, len(rows) < len(slots)))
                 plain.append([batch.items[r] for r in rows])
         for items, rows in zip(plain, self._fetch(packed)):
@@ -233,8 +233,8 @@ class ModelRunner:
     def _beam(self, enc, lengths, slots, guard=None, widths: tuple[int, int] | None = None) -> torch.Tensor:
         """The beam search of the streams at `slots`, their beams carried in the pool (BeamPass.packed):
         eagerly (guard None) at the batch's boosting `widths`, else in fixed shapes."""
-        search = BeamPass(self.model.decoder, enc, lengths, self.beams.gather(slots), self.boost, slots, SYMBOLS,
-                          DECAY, self.eou, widths)
+        search = BeamPass(self.model.decoder, enc, lengths, self.beams.gather(slots), self.boost, slots,
+                          phrases.SYMBOLS, phrases.DECAY, self.eou, widths)
         search.run(fixed=guard is not None)
         self.beams.scatter(slots, search.hyps)
         return search.packed().flatten(1)

@@ -125,6 +125,14 @@ def boosting_tree(phrases: tuple[Phrase, ...], tokenizer: Tokenizer | None) -> B
         raise PhraseError(str(exc)) from None
 
 
+def as_written(phrase: Phrase, tokenizer: Tokenizer | None) -> str:
+    """The phrase as the model will write it where it is heard ("Zoë Ünal" -> "zoe unal" for a
+    lower-case model without accents): what the APIs echo. A phrase the model cannot write (a
+    hint left out) is echoed as given."""
+    tokens = _tokens(phrase.text, tokenizer) if tokenizer is not None else None
+    return phrase.text if tokens is None else tokenizer.decode(tokens).strip()
+
+
 def _tokens(text: str, tokenizer: Tokenizer) -> list[int] | None:
     """The tokens of `text` as the model writes it ("Zoë" -> "zoe" for an uncased model without
     "ë"); None where some character has no piece."""

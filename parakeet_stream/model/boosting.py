@@ -14,7 +14,9 @@ a started name in the beam.
 
 A phrase is whole words: its reward is banked only when the next label starts a word (a piece
 with the word-boundary mark, punctuation, or a control piece such as <EOU>; the end of the stream
-counts as one) and does not continue a longer phrase. The reward is the phrase's bonus times its
+counts as one) and does not continue a longer phrase, and only where the model heard it: the mean
+log-probability the model gave the match's labels is at least `evidence` (a full match below it
+forfeits its loan at once). The reward is the phrase's bonus times its
 weight: a weight scales what a full match earns, not the pull of each token. A phrase completed
 right after the same phrase, with no other word between, banks nothing: a name cannot repeat
 itself on a bonus (the audio must say it twice).
@@ -257,9 +259,14 @@ class BoostPool:
             arcs = self.arcs[(slots * self.limits.arcs).unsqueeze(1) + at]
             arcs[..., 0].masked_fill_(at >= info[:, ARC_TO : ARC_TO + 1], self.blank)
             self._scatter(value, node, arcs)  # after the root arcs: the deeper match wins
-        depth = self.nodes[base.unsqueeze(1) + node, DEPTH]
+        reached = self.nodes[base.unsqueeze(1) + node]  # [n, labels, 6]
+        depth = reached[..., DEPTH]
         deeper = depth == info[:, DEPTH : DEPTH + 1] + 1
         heard = torch.where(deeper, matches.heard.unsqueeze(1) + logp, torch.where(depth > 0, logp * depth, 0.0))
+        # a phrase completed with labels the model did not hear forfeits its loan at once (else a
+        # hypothesis would hold it by writing nothing more)
+        unheard = (reached[..., DONE_ID].long() == node) & (node > 0) & (heard < self.evidence * depth)
+        value = torch.where(unheard, 0.0, value)
         done, done_id = info[:, DONE : DONE + 1], info[:, DONE_ID : DONE_ID + 1].long()
         last = matches.last.unsqueeze(1)
         bank = self.starts & (done > 0) & (done_id != last) & ~deeper & self._heard(matches, info).unsqueeze(1)

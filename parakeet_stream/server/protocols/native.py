@@ -12,7 +12,7 @@ import numpy as np
 import trio
 
 from ... import audio
-from ...engine.phrases import Phrase, PhraseError, check_phrases
+from ...engine.phrases import Phrase, PhraseError, as_written, check_phrases
 from ...model import config as model_config
 from ...model.config import Lookahead
 from ..streams.guard import key_ok
@@ -264,7 +264,7 @@ class NativeSession(Session):
             "encoding": self.encoding,
             "lookahead": list(segment.lookahead),
             "chunk_seconds": self.info.chunk_seconds[segment.lookahead],
-            "phrases": [{"text": p.text, "weight": p.weight} for p in segment.phrases],
+            "phrases": [{"text": as_written(p, self.info.tokenizer), "weight": p.weight} for p in segment.phrases],
             "model": self.config.model_name,
             "protocol_version": PROTOCOL_VERSION,
         }

@@ -1,0 +1,107 @@
+"""The beam search for streams with key phrases (model/beam.py) and what the host commits of it
+(engine/beams.py): a batch gives each stream what it gets alone, eagerly and in fixed shapes (the
+CUDA graphs' way); what every hypothesis agrees on is committed, a late disagreement is settled by
+the best hypothesis, and the end takes the best by its final score."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_greedy import random_decoder
+
+from parakeet_stream.engine.beams import BeamCommits
+from parakeet_stream.model.beam import BeamPass, BeamPool
+from parakeet_stream.model.boosting import BoostingTree, BoostLimits, BoostPool, PhrasePath
+
+LIMITS = BoostLimits(root_width=8, nodes=64, arcs=128, arc_width=16)
+STARTS = np.arange(21) % 3 == 0  # the random decoder's labels that start a word (blank, 20, does not)
+STARTS[20] = False
+TREES = [[([3, 5, 1], 2.0), ([7, 7], 1.0)], None, [([2, 9], 3.0), ([2, 4, 4, 6], 1.5)], [([11], 4.0)]]
+BEAM, SYMBOLS = 3, 3
+
+
+def search(decoder, enc, lengths, trees, fixed: bool, chunk: int = 4, max_lag: int = 6) -> list[list[int]]:
+    """The beam search over `enc` in chunks of `chunk` frames, its beams carried between them in a
+    BeamPool and committed as the engine commits them; every stream's labels."""
+    b = enc.size(0)
+    boost = BoostPool(b + 1, LIMITS, torch.device("cpu"), STARTS, evidence=-4.0)
+    beams, commits = BeamPool(decoder, b + 1, BEAM, torch.device("cpu")), BeamCommits(BEAM, max_lag)
+    slots = torch.arange(b)
+    for slot, phrases in enumerate(trees):
+        boost.load(slot, BoostingTree([PhrasePath(*p) for p in phrases], LIMITS) if phrases else None)
+        commits.start(slot, True)
+    beams.reset(slots)
+    out: list[list[int]] = [[] for _ in range(b)]
+    widths = None if fixed else tuple(boost.widths[:b].max(0).tolist())
+    for at in range(0, enc.size(1), chunk):
+        valid = (lengths - at).clamp(0, chunk)
+        found = BeamPass(decoder, enc[:, at : at + chunk], valid, beams.gather(slots), boost, slots, SYMBOLS, 0.5,
+                         widths=widths).run(fixed)
+        beams.scatter(slots, found.hyps)
+        for row, packed in enumerate(found.packed().numpy()):
+            done = commits.take(row, packed, int(valid[row]))
+            beams.drop(row, done.drop)
+            out[row] += [label for label, _, _ in done.labels]
+    return [labels + [label for label, _, _ in commits.finish(row)] for row, labels in enumerate(out)]
+
+
+@pytest.mark.parametrize("blank_bias", [-1.0, 1.0])
+def test_a_batch_gives_each_stream_its_labels_alone_eagerly_and_in_fixed_shapes(blank_bias):
+    decoder = random_decoder(blank_bias)
+    gen = torch.Generator().manual_seed(7)
+    b, frames = len(TREES), 24
+    enc = torch.randn(b, frames, 32, generator=gen)
+    lengths = torch.tensor([24, 20, 13, 24])
+    with torch.inference_mode():
+        together = search(decoder, enc, lengths, TREES, fixed=False)
+        assert together == search(decoder, enc, lengths, TREES, fixed=True)
+        for row, phrases in enumerate(TREES):
+            alone = search(decoder, enc[row : row + 1], lengths[row : row + 1], [phrases], fixed=False)
+            assert together[row] == alone[0], row
+    assert any(together) and all(len(labels) <= n * SYMBOLS for labels, n in zip(together, lengths.tolist()))
+
+
+def packed(beams: list[tuple[list[int], int, float, float]], frames: int = 2) -> np.ndarray:
+    """A stream's row of BeamPass.packed: per hypothesis (labels this pass, origin, score, final)."""
+    width = max(1, max(len(labels) for labels, *_ in beams))
+    rows = []
+    for labels, origin, score, final in beams:
+        pad = width - len(labels)
+        head = [len(labels), origin, *np.array([score, final, 0.25], np.float32).view(np.int32)]
+        probs = np.full(width, 0.5, np.float32).view(np.int32)
+        rows.append(head + labels + [0] * pad + [frames - 1] * width + probs.tolist())
+    return np.array(rows, dtype=np.int32)
+
+
+def test_what_every_hypothesis_agrees_on_is_committed_the_rest_waits():
+    commits = BeamCommits(3, max_lag_frames=10)
+    commits.start(0, True)
+    first = commits.take(0, packed([([1, 2], 0, 0.0, 0.0), ([1, 3], 0, -1.0, -1.0), ([1, 2, 4], 0, -2.0, -2.0)]), 2)
+    assert [label for label, _, _ in first.labels] == [1] and first.drop == [] and first.eou == 0.25
+    assert first.labels[0][1] == 1  # its frame within the chunk
+    # hypothesis 1 (written [1 3]) goes on alone in all three: [3] is agreed
+    second = commits.take(0, packed([([5], 1, 0.0, 0.0), ([6], 1, -1.0, -1.0), ([], 1, -3.0, -3.0)]), 2)
+    assert [label for label, _, _ in second.labels] == [3]
+    assert second.labels[0][1] == -1  # written in the chunk before
+    assert [label for label, _, _ in commits.finish(0)] == [5]
+
+
+def test_a_disagreement_older_than_the_lag_is_settled_by_the_best_hypothesis():
+    commits = BeamCommits(2, max_lag_frames=2)
+    commits.start(0, True)
+    commits.take(0, packed([([1], 0, 0.0, 0.0), ([2], 0, -1.0, -1.0)]), 2)
+    late = commits.take(0, packed([([7], 0, 0.0, 0.0), ([8], 1, -0.5, -0.5)]), 2)
+    assert [label for label, _, _ in late.labels] == [1] and late.drop == [1]  # frame 1, 3 frames before the end: past the lag
+    assert [label for label, _, _ in commits.finish(0)] == [7]
+
+
+def test_the_end_takes_the_best_hypothesis_by_its_final_score():
+    commits = BeamCommits(2, max_lag_frames=10)
+    commits.start(0, True)
+    agreed = commits.take(0, packed([([4, 5], 0, 0.0, -6.0), ([4, 6], 0, -1.0, -1.0)]), 2)  # 5: a loan not earned
+    assert [label for label, _, _ in agreed.labels] == [4] and [label for label, _, _ in commits.finish(0)] == [6]
+    assert 0 not in commits
+    commits.start(0, True)
+    commits.start(0, False)  # the slot's next stream has no phrases: nothing is left of the last one
+    assert 0 not in commits
