@@ -261,7 +261,7 @@ def decode_cost(engine: ASREngine, audios: list[np.ndarray], batches=(1, 16, 64)
                         started = time.perf_counter()
                         widths = tuple(pools[n].widths.max(0).tolist())
                         found = BeamPass(dec, chunk, valid, beams[n].gather(slots), pools[n], slots, phrases.SYMBOLS,
-                                         phrases.DECAY, engine.runner.eou, widths).run()
+                                         engine.runner.eou, widths).run()
                         beams[n].scatter(slots, found.hyps)
                         found.packed().numpy()
                         spent[f"beam, {n} phrases"] += time.perf_counter() - started

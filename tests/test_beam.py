@@ -36,7 +36,7 @@ def search(decoder, enc, lengths, trees, fixed: bool, chunk: int = 4, max_lag: i
     widths = None if fixed else tuple(boost.widths[:b].max(0).tolist())
     for at in range(0, enc.size(1), chunk):
         valid = (lengths - at).clamp(0, chunk)
-        found = BeamPass(decoder, enc[:, at : at + chunk], valid, beams.gather(slots), boost, slots, SYMBOLS, 0.5,
+        found = BeamPass(decoder, enc[:, at : at + chunk], valid, beams.gather(slots), boost, slots, SYMBOLS,
                          widths=widths).run(fixed)
         beams.scatter(slots, found.hyps)
         for row, packed in enumerate(found.packed().numpy()):

@@ -3,8 +3,10 @@ hypothesis wrote that is not committed yet, and what gets committed.
 
 A stream's text only grows (every API sends deltas), so a label is committed once every hypothesis
 in the beam agrees on it, and then it is the stream's for good. Hypotheses rarely disagree for long;
-where they do, a label older than `max_lag_frames` is committed from the best hypothesis and the
-hypotheses that disagree with it leave the beam (`BeamPool.drop`), so text is never later than that.
+where they do, a label older than `max_lag_frames` is committed from the best hypothesis by its
+final score (what it would score if the stream ended now: a partial phrase match's loan given back,
+so a hypothesis that stalls inside a name to keep its loan does not win) and the hypotheses that
+disagree with it leave the beam (`BeamPool.drop`), so text is never later than that.
 At the stream's end the best hypothesis by its final score (partial phrase matches given back)
 gives the rest.
 """
@@ -65,7 +67,7 @@ class BeamCommits:
             new = list(zip(labels[k, :n].tolist(), (at[k, :n] + base).tolist(), probs[k, :n].tolist()))
             beams.append(w.beams[o] + new)
             alive.append(bool(np.isfinite(score[k])) and w.alive[o])
-        best = max((k for k in range(self.beam) if alive[k]), key=lambda k: score[k])
+        best = max((k for k in range(self.beam) if alive[k]), key=lambda k: final[k])  # loans given back
         agreed = _common_prefix([beams[k] for k in range(self.beam) if alive[k]])
         late = base + frames - self.max_lag
         forced = next((i for i, (_, f, _) in enumerate(beams[best]) if f >= late), len(beams[best]))

@@ -234,7 +234,7 @@ class ModelRunner:
         """The beam search of the streams at `slots`, their beams carried in the pool (BeamPass.packed):
         eagerly (guard None) at the batch's boosting `widths`, else in fixed shapes."""
         search = BeamPass(self.model.decoder, enc, lengths, self.beams.gather(slots), self.boost, slots,
-                          phrases.SYMBOLS, phrases.DECAY, self.eou, widths)
+                          phrases.SYMBOLS, self.eou, widths)
         search.run(fixed=guard is not None)
         self.beams.scatter(slots, search.hyps)
         return search.packed().flatten(1)

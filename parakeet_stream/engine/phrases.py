@@ -30,11 +30,10 @@ MAX_WEIGHT = 10.0
 # Log-probability a phrase token earns at weight 1.0 (a phrase's first token: FIRST_SHARE of it,
 # model/boosting.py): picked on the tuning half of scripts/phrase_eval.py's set (docs/performance.md,
 # "Key phrases").
-BONUS = 4.5
+BONUS = 6.0
 # The mean log-probability per label the model must give a phrase's labels for its reward: a match
 # the audio does not support earns nothing (and gives its loan back).
-EVIDENCE = -3.0
-DECAY = 0.5  # the share of a partial match's loan kept over a frame the model writes nothing on
+EVIDENCE = -4.0
 BEAM = 4  # hypotheses per stream with phrases
 SYMBOLS = 4  # labels per encoder frame at most, in the beam search
 MAX_LAG_SECONDS = 1.5  # text is committed from the best hypothesis once it is this old (engine/beams.py)

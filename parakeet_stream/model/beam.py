@@ -164,14 +164,14 @@ class BeamPass:
     """One beam-search pass over a batch of encoder outputs (a streaming chunk per stream)."""
 
     def __init__(self, decoder: GreedyDecoder, enc: torch.Tensor, lengths: torch.Tensor, hyps: Hyps,
-                 boost: BoostPool, slots: torch.Tensor, symbols: int, decay: float, eou: int | None = None,
+                 boost: BoostPool, slots: torch.Tensor, symbols: int, eou: int | None = None,
                  widths: tuple[int, int] | None = None):
         """enc [B, T, D] (float32), valid frames `lengths` [B]; hyps: the streams' beams before it
         (BeamPool.gather); slots: the streams' slots in `boost`; symbols: labels per frame at most;
-        decay: the share of its loan a hypothesis keeps over a frame it writes nothing on; eou: the end-of-utterance label (None: none); widths: the boosting tables' widths to read
+        eou: the end-of-utterance label (None: none); widths: the boosting tables' widths to read
         (None: the full ones, fixed shapes)."""
         self.decoder, self.lengths, self.boost, self.slots = decoder, lengths, boost, slots
-        self.symbols, self.decay, self.eou, self.widths = symbols, decay, eou, widths
+        self.symbols, self.eou, self.widths = symbols, eou, widths
         self.f = decoder.joint.enc(enc)
         b, frames = self.f.shape[:2]
         self.beam = hyps.score.size(1)
@@ -199,8 +199,7 @@ class BeamPass:
             logp = self.decoder.joint(f, hyps.g.view(b, k, -1)).float().log_softmax(-1)
             if self.eou is not None:
                 hyps.eou = torch.maximum(hyps.eou, logp[..., self.eou].exp())
-            kept = hyps.loan * self.decay  # a match the audio stopped feeding loses its loan
-            ended.append(hyps.copy(score=hyps.score + logp[..., -1] - (hyps.loan - kept), loan=kept))
+            ended.append(hyps.copy(score=hyps.score + logp[..., -1]))
             hyps = self._write(hyps, logp, t)
             if round_ == self.symbols - 1:
                 ended.append(hyps)
