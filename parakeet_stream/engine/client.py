@@ -79,11 +79,12 @@ class EngineClient:
             self._sock.shutdown(socket.SHUT_RDWR)
 
     # -- streams: ASREngine's API ---------------------------------------------------------
-    def create_stream(self, lookahead=None, bulk: bool = False, phrases: tuple[Phrase, ...] = ()) -> int:
+    def create_stream(self, lookahead=None, bulk: bool = False, phrases: tuple[Phrase, ...] = (),
+                      language: str | None = None) -> int:
         if lookahead is not None:
             lookahead = tuple(lookahead)
         rows = [(p.text, p.weight, p.hint) for p in phrases]
-        answer = self._call(lambda ref: Open(ref, lookahead, bulk, rows), OPEN_TIMEOUT)
+        answer = self._call(lambda ref: Open(ref, lookahead, bulk, rows, language), OPEN_TIMEOUT)
         if isinstance(answer, Refused):
             if answer.code == "queue_full":
                 raise QueueFull()
@@ -258,4 +259,6 @@ def _info(hello: Hello) -> EngineInfo:
         precision=hello.precision,
         start_seconds=hello.start_seconds,
         cuda_graphs=hello.cuda_graphs,
+        languages=tuple(hello.languages),
+        default_language=hello.default_language,
     )
