@@ -14,7 +14,6 @@ from helpers import collect_until_final, engine_reached, run_stream, tokens_of
 
 from parakeet_stream.engine import ASREngine, EngineError
 from parakeet_stream.engine.languages import Languages
-from parakeet_stream.model.config import PromptConfig
 from parakeet_stream.tools.convert import convert
 
 REFERENCE = json.loads((NEMO / "prompt_reference.json").read_text())
@@ -132,8 +131,11 @@ def test_a_model_without_prompts_takes_english_only(tiny_model_dir, wavs):
         assert engine.runner.prompts is None
 
 
-def test_languages_resolve():
-    languages = Languages(PromptConfig(8, {"en-US": 0, "en-GB": 1, "de-DE": 2}))
+def test_languages_resolve(engine):
+    languages = Languages(("en-US", "en-GB", "de-DE"))
     assert languages.default == "en-US"  # no auto prompt: the first
     assert [languages.resolve(n) for n in (None, "en", "EN-gb", "de")] == ["en-US", "en-US", "en-GB", "de-DE"]
-    assert languages.prompt("en-GB") == 1 and Languages(None).prompt(None) is None
+    assert Languages().resolve(None) is None and Languages().resolve("en-AU") is None
+    assert engine.check_language("de") == "de-DE" and engine.check_language(None) == "auto"
+    with pytest.raises(EngineError, match="expected one of"):
+        engine.check_language("fr")

@@ -71,7 +71,7 @@ class ASREngine:
         self.model = set_precision(model, dtype, quantize)
         self.device = model.features.fb.device  # with its index: what CUDA calls need ("cuda" -> "cuda:0")
         self.default_lookahead = self._check_lookahead(lookahead or model.cfg.default_lookahead)
-        self.languages = Languages(model.cfg.prompt)
+        self.languages = Languages(tuple(model.cfg.prompt.languages) if model.cfg.prompt else ())
         if self.device.type == "cuda":
             plan = plan_memory(free_memory(self.device), slot_bytes(model), stream_bytes(model),
                                None if max_num_streams == "auto" else int(max_num_streams), max_batch)
@@ -155,6 +155,11 @@ class ASREngine:
         protocol that learns of its phrases before its first stream opens)."""
         boosting_tree(phrases, self.model.tokenizer)
 
+    def check_language(self, language: str | None) -> str | None:
+        """The language a stream asking for `language` gets (create_stream's check, for a protocol
+        that learns of it before its first stream opens); EngineError `unsupported_language`."""
+        return self.languages.resolve(language)
+
     # --- streams --------------------------------------------------------------------------
     def create_stream(self, lookahead: Lookahead | None = None, bulk: bool = False,
                       phrases: tuple[Phrase, ...] = (), language: str | None = None) -> int:
@@ -181,7 +186,7 @@ class ASREngine:
             decoding=DecoderProgress(self.model.tokenizer, language),
             bulk=bulk,
             boosting=tree,
-            prompt=self.languages.prompt(language),
+            prompt=None if language is None else self.model.cfg.prompt.index(language),
         )
         with self._lock:
             self._seqs[sid] = seq

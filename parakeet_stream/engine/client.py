@@ -24,6 +24,7 @@ from ..audio import SAMPLE_RATE, check_samples
 from ..model.tokenizer import Tokenizer
 from .errors import EngineError, QueueFull
 from .info import EngineInfo
+from .languages import Languages
 from .messages import Answer, Ask, Audio, Cancel, Final, FromEngine, Framer, Hello, News, Open, Opened, Refused
 from .phrases import Phrase, PhraseError, boosting_tree
 from .results import Outbox, StreamResult
@@ -138,6 +139,9 @@ class EngineClient:
 
     def check_phrases(self, phrases: tuple[Phrase, ...]) -> None:
         boosting_tree(phrases, self.info.tokenizer)
+
+    def check_language(self, language: str | None) -> str | None:
+        return Languages(self.info.languages).resolve(language)
 
     # -- figures ------------------------------------------------------------------------
     def healthy(self) -> bool:

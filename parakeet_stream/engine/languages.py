@@ -9,7 +9,6 @@ language, English: it takes no language, "en" or any "en-*", and nothing else.
 
 from __future__ import annotations
 
-from ..model.config import PromptConfig
 from .errors import EngineError
 
 AUTO = "auto"
@@ -17,9 +16,9 @@ PLAIN = "en"  # the language of the models without prompts
 
 
 class Languages:
-    def __init__(self, prompt: PromptConfig | None):
-        self._prompt = prompt
-        self.names: tuple[str, ...] = tuple(prompt.languages) if prompt else ()
+    def __init__(self, names: tuple[str, ...] = ()):
+        """names: the model's prompt names (PromptConfig.languages); none for a model without prompts."""
+        self.names = tuple(names)
         self.default: str | None = None
         if self.names:
             self.default = AUTO if AUTO in self.names else self.names[0]
@@ -46,7 +45,3 @@ class Languages:
                 return name
         raise EngineError("unsupported_language",
                           f"language {str(requested)[:40]!r}: expected one of {', '.join(self.names)}")
-
-    def prompt(self, name: str | None) -> int | None:
-        """The prompt index of a resolved name (None: no prompt)."""
-        return None if name is None else self._prompt.index(name)
