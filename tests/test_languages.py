@@ -14,7 +14,6 @@ from helpers import collect_until_final, engine_reached, run_stream, tokens_of
 
 from parakeet_stream.engine import ASREngine, EngineError
 from parakeet_stream.engine.languages import Languages
-from parakeet_stream.tools.convert import convert
 
 REFERENCE = json.loads((NEMO / "prompt_reference.json").read_text())
 FIXTURE = REFERENCE["models"]["prompt_tiny"]
@@ -24,13 +23,6 @@ TAGS = {i: tag[1:-1] for tag, i in FIXTURE["language_tags"].items()}
 
 def nemo_tokens(prompt: str, wav: str, mode: tuple[int, int]) -> list[int]:
     return FIXTURE["prompts"][prompt]["runs"][wav][f"{mode[0]},{mode[1]}"]["stream_tokens"]
-
-
-@pytest.fixture(scope="module")
-def prompt_model_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("models") / "prompt_tiny"
-    convert(str(NEMO / FIXTURE["nemo_file"]), folder)
-    return folder
 
 
 @pytest.fixture(scope="module", params=["in-process", "engine-process", "static-batches"])

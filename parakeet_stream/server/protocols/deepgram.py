@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ... import audio
+from ...engine.languages import AUTO
 from ...engine.phrases import MAX_WEIGHT, Phrase, PhraseError, check_phrases
 from ..streams.language import checked_language
 from ..streams.phrases import refused
@@ -116,7 +117,7 @@ def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> O
         options.utterance_end_ms = _milliseconds(query, "utterance_end_ms")
     options.phrases = parse_phrases(params)
     language = query.get("language")
-    options.language = "auto" if language == MULTI else language
+    options.language = AUTO if language == MULTI else language
     return options
 
 
@@ -320,12 +321,14 @@ class DeepgramSession(Session):
         transcript = self._transcript
         start = transcript.start if transcript.spoken else now
         words = transcript.words + self._words.open_word(now)
+        if self.segments.language == AUTO:  # Deepgram's fields for code-switching: the languages detected
+            words = [{**word, "language": self._language} for word in words] if self._language else words
         alternative = {
             "transcript": transcript.text.strip(),
             "confidence": transcript_confidence(words),
             "words": words,
         }
-        if self.info.languages:  # Deepgram's field for code-switching: the languages detected
+        if self.segments.language == AUTO:
             alternative["languages"] = [self._language] if self._language else []
         return {
             "type": "Results",

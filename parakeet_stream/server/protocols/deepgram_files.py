@@ -8,7 +8,7 @@ ignored: utterances end at the model's end of utterance). A JSON body (`{"url": 
 `transcribe_url`) and `callback` are refused: this server fetches and calls nothing. The answer
 is Deepgram's: `metadata`, and `results.channels[0].alternatives[0]` with `transcript`,
 `confidence` and `words` (`paragraphs` and `results.utterances` when asked for; a multilingual
-model's `languages`).
+model's `languages` with `language=multi`).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from ...engine.languages import AUTO
 from ...engine.phrases import Phrase
 from ..context import ServerContext
 from ..streams import wire
@@ -130,7 +131,7 @@ def response(ctx: ServerContext, transcript: FileTranscript, options: Options, s
         "confidence": transcript_confidence(transcript.words),
         "words": [_word(w) for w in transcript.words],
     }
-    if ctx.engine.info.languages:
+    if options.language == AUTO:  # Deepgram's field for code-switching (language=multi)
         alternative["languages"] = [transcript.language] if transcript.language else []
     if options.paragraphs:
         alternative["paragraphs"] = _paragraphs(transcript)
