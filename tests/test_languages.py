@@ -9,11 +9,14 @@ import json
 
 import numpy as np
 import pytest
-from conftest import NEMO
+from conftest import AUDIO, NEMO
 from helpers import collect_until_final, engine_reached, run_stream, tokens_of
 
 from parakeet_stream.engine import ASREngine, EngineError
 from parakeet_stream.engine.languages import Languages
+from parakeet_stream.model.parakeet import ParakeetModel
+from parakeet_stream.tools.transcribe import main as transcribe_main
+from parakeet_stream.tools.transcribe import transcribe_offline
 
 REFERENCE = json.loads((NEMO / "prompt_reference.json").read_text())
 FIXTURE = REFERENCE["models"]["prompt_tiny"]
@@ -131,3 +134,17 @@ def test_languages_resolve(engine):
     assert engine.check_language("de") == "de-DE" and engine.check_language(None) == "auto"
     with pytest.raises(EngineError, match="expected one of"):
         engine.check_language("fr")
+
+
+def test_parakeet_transcribe_language(prompt_model_dir, wavs, capsys):
+    """--language, streaming (the engine) and --offline (NeMo's offline tokens for that prompt)."""
+    model = ParakeetModel.from_dir(prompt_model_dir)
+    mode = FIXTURE["default_mode"]
+    offline = transcribe_offline(model, {"sentence": wavs["sentence"]}, tuple(mode), "de-DE")["sentence"]
+    assert offline.token_ids == FIXTURE["prompts"]["de-DE"]["runs"]["sentence"][f"{mode[0]},{mode[1]}"]["offline_tokens"]
+    sentence = str(AUDIO / "sentence.wav")
+    assert transcribe_main([sentence, "--model", str(prompt_model_dir), "--json", "--language", "es"]) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["language"] == "es-ES" and out["token_ids"]
+    assert transcribe_main([sentence, "--model", str(prompt_model_dir), "--language", "fr"]) == 2
+    assert "--language: language 'fr': expected one of" in capsys.readouterr().err
