@@ -18,7 +18,7 @@ from helpers import Raw, audio_file, collect_until_final, audio_messages, multip
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from parakeet_stream.client import encode_audio
+from parakeet_stream.client import encode_audio, transcribe_async
 from parakeet_stream.engine import ASREngine
 
 LANGUAGES = ("en-US", "es-ES", "de-DE", "auto")
@@ -78,6 +78,12 @@ async def test_native_auto_is_the_default_and_results_say_what_the_model_wrote(e
     assert detected and set(detected) <= {"en-US", "es-ES", "de-DE"} and text_of(messages) == texts["auto"]
     assert next(m for m in by_url if m["type"] == "hello")["language"] == "es-ES"
     assert text_of(by_url) == texts["es-ES"]
+
+
+async def test_the_python_client_names_the_language(engine, sentence, texts):
+    async with running_server(engine) as ctx:
+        transcript = await transcribe_async(url(ctx, "tcp"), sentence, language="es")
+    assert " ".join(transcript.text.split()) == texts["es-ES"] and transcript.results[-1]["language"] == "es-ES"
 
 
 async def test_native_unknown_language_is_refused(engine):
