@@ -36,7 +36,8 @@ class Languages:
         if not self.multilingual:
             if key == PLAIN or key.startswith(PLAIN + "-"):
                 return None
-            raise EngineError("unsupported_language", f"language {str(requested)[:40]!r}: this model transcribes English (en)")
+            raise EngineError("unsupported_language",
+                              f"language {str(requested)[:40]!r}: this model transcribes English (en)")
         for name in self.names:
             if name.lower() == key:
                 return name
