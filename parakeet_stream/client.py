@@ -25,7 +25,8 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket
 MAX_LINE = 1 << 24
 # errors after which the server closes the stream (see docs/protocol.md)
 FATAL_CODES = frozenset(
-    {"queue_full", "unauthorized", "invalid_config", "bad_lookahead", "inference_error", "internal_error"}
+    {"queue_full", "unauthorized", "invalid_config", "bad_lookahead", "unsupported_language", "inference_error",
+     "internal_error"}
 )
 
 
@@ -139,9 +140,11 @@ async def connect(
     encoding: str = "pcm16",
     lookahead: str | None = None,
     api_key: str | None = None,
+    language: str | None = None,
 ) -> AsyncIterator[StreamClient]:
-    """Open a stream; declares rate/encoding/lookahead (and a TCP API key) in a start message."""
-    start = {k: v for k, v in (("sample_rate", sample_rate), ("lookahead", lookahead)) if v is not None}
+    """Open a stream; declares rate/encoding/lookahead/language (and a TCP API key) in a start message."""
+    declared = (("sample_rate", sample_rate), ("lookahead", lookahead), ("language", language))
+    start = {k: v for k, v in declared if v is not None}
     if start or encoding != "pcm16":
         start["encoding"] = encoding
     parts = urlsplit(url)

@@ -32,6 +32,14 @@ def converted(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def prompt_model_dir(tmp_path_factory) -> Path:
+    """The multilingual family's tiny fixture (language prompts: en-US, es-ES, de-DE, auto), converted."""
+    folder = tmp_path_factory.mktemp("models") / "prompt_tiny"
+    convert(str(NEMO / "prompt_tiny.nemo"), folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(converted) -> Path:
     return converted["eou_tiny"]
 

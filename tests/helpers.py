@@ -395,9 +395,9 @@ class SpyEngine:
             raise PhraseError(f"a phrase must be at most {MAX_PHRASE_TOKENS} tokens")
         self._engine.check_phrases(phrases)
 
-    def create_stream(self, lookahead=None, bulk=False, phrases=()) -> int:
+    def create_stream(self, lookahead=None, bulk=False, phrases=(), language=None) -> int:
         self.check_phrases(phrases)
-        sid = self._engine.create_stream(lookahead, bulk, phrases)
+        sid = self._engine.create_stream(lookahead, bulk, phrases, language)
         self.created.append((sid, phrases))
         return sid
 

@@ -139,6 +139,24 @@ def test_first_load_converts_once_then_works_without_the_hub(hub, tmp_path, tiny
     assert tokens == local_tokens
 
 
+def test_multilingual_alias_downloads_and_converts_the_language_prompt_family(tmp_path):
+    """`multilingual` names NVIDIA's nemotron-3.5-asr (here its tiny stand-in): downloaded, its config
+    read before the weights, converted (prompt kernel and languages) like the others."""
+    repo = "nvidia/nemotron-3.5-asr-streaming-0.6b"
+    checkpoint = (NEMO.parent / "prompt_tiny.nemo").read_bytes()
+    fake = FakeHub({repo: Repo({"nemotron-3.5-asr-streaming-0.6b.nemo": checkpoint})})
+    try:
+        result = run("parakeet_stream.tools.convert", "multilingual", str(tmp_path / "out"),
+                     env=hub_env(tmp_path, fake.url))
+    finally:
+        fake.stop()
+    assert result.returncode == 0, result.stderr
+    assert "downloading nvidia/nemotron-3.5-asr-streaming-0.6b" in result.stderr
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["prompt"]["languages"] == {"en-US": 0, "es-ES": 1, "de-DE": 2, "auto": 7}
+    assert {k.split(".")[0] for k in load_file(str(tmp_path / "out" / "model.safetensors"))} >= {"prompt"}
+
+
 def test_offline_with_empty_cache_fails_in_one_line(hub, tmp_path):
     result = run("parakeet_stream.tools.transcribe", str(SENTENCE), "--model", TINY,
                  env=hub_env(tmp_path, hub.url, HF_HUB_OFFLINE="1"))
@@ -201,6 +219,7 @@ def test_names_and_local_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert hubmod.parse("small") == (SMALL, "main")
     assert hubmod.parse("large") == ("nvidia/nemotron-speech-streaming-en-0.6b", "main")
+    assert hubmod.parse("multilingual") == ("nvidia/nemotron-3.5-asr-streaming-0.6b", "main")
     assert hubmod.parse("org/name@v1.0") == ("org/name", "v1.0")
     assert hubmod.parse("org/name@refs/pr/3") == ("org/name", "refs/pr/3")
     for bad in ("demo", "org", "org/name/extra", "org/name@../x", "/abs/path", "org/name@"):

@@ -24,6 +24,7 @@ from .chunker import FrontEnd
 from .errors import EngineError, QueueFull
 from .inbox import Inbox
 from .info import EngineInfo
+from .languages import Languages
 from .latency import DEFAULT_TARGET
 from .model_runner import ModelRunner
 from .memory import plan_memory, slot_bytes, stream_bytes
@@ -70,6 +71,7 @@ class ASREngine:
         self.model = set_precision(model, dtype, quantize)
         self.device = model.features.fb.device  # with its index: what CUDA calls need ("cuda" -> "cuda:0")
         self.default_lookahead = self._check_lookahead(lookahead or model.cfg.default_lookahead)
+        self.languages = Languages(tuple(model.cfg.prompt.languages) if model.cfg.prompt else ())
         if self.device.type == "cuda":
             plan = plan_memory(free_memory(self.device), slot_bytes(model), stream_bytes(model),
                                None if max_num_streams == "auto" else int(max_num_streams), max_batch)
@@ -83,7 +85,8 @@ class ASREngine:
         self.runner.capture()  # before the stage threads run: a capture must not overlap their work
         tok = model.tokenizer
         endpoint_frames = max(1, round(endpoint_seconds / model.frame_seconds))
-        self.results = ResultBuilder(model.frame_seconds, tok.eou_id if tok else None, endpoint_frames)
+        self.results = ResultBuilder(model.frame_seconds, tok.eou_id if tok else None, endpoint_frames,
+                                     tok.language_tags if tok else None)
         self.pipeline = self._route(threads)
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count(1)
@@ -103,6 +106,8 @@ class ASREngine:
             precision=model.precision,
             start_seconds=round(time.monotonic() - started, 2),
             cuda_graphs=self.runner.graph_count,
+            languages=self.languages.names,
+            default_language=self.languages.default,
         )
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -150,13 +155,22 @@ class ASREngine:
         protocol that learns of its phrases before its first stream opens)."""
         boosting_tree(phrases, self.model.tokenizer)
 
+    def check_language(self, language: str | None) -> str | None:
+        """The language a stream asking for `language` gets (create_stream's check, for a protocol
+        that learns of it before its first stream opens); EngineError `unsupported_language`."""
+        return self.languages.resolve(language)
+
     # --- streams --------------------------------------------------------------------------
     def create_stream(self, lookahead: Lookahead | None = None, bulk: bool = False,
-                      phrases: tuple[Phrase, ...] = ()) -> int:
+                      phrases: tuple[Phrase, ...] = (), language: str | None = None) -> int:
         """A new stream (admitted now, or queued). A bulk stream's audio is all there at once (a file):
         it has no deadlines and fills the capacity live streams leave (policy.py), in the longest
         lookahead mode unless `lookahead` says otherwise. `phrases` (phrases.check_phrases) are
-        boosted in its decoding; PhraseError where the model cannot take them."""
+        boosted in its decoding; PhraseError where the model cannot take them. `language`: what a
+        multilingual model transcribes ("de-DE", "de", "auto"; default: the model's automatic
+        language ID), EngineError `unsupported_language` where the model has no such language
+        (languages.py)."""
+        language = self.languages.resolve(language)
         tree = boosting_tree(phrases, self.model.tokenizer)
         if lookahead is not None:
             mode = self._check_lookahead(lookahead)
@@ -169,9 +183,10 @@ class ASREngine:
             lookahead=mode,
             inbox=Inbox(spec, fcfg.hop_length, fcfg.n_fft),
             front=FrontEnd(self.model.features, spec),
-            decoding=DecoderProgress(self.model.tokenizer),
+            decoding=DecoderProgress(self.model.tokenizer, language),
             bulk=bulk,
             boosting=tree,
+            prompt=None if language is None else self.model.cfg.prompt.index(language),
         )
         with self._lock:
             self._seqs[sid] = seq

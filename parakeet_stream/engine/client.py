@@ -24,6 +24,7 @@ from ..audio import SAMPLE_RATE, check_samples
 from ..model.tokenizer import Tokenizer
 from .errors import EngineError, QueueFull
 from .info import EngineInfo
+from .languages import Languages
 from .messages import Answer, Ask, Audio, Cancel, Final, FromEngine, Framer, Hello, News, Open, Opened, Refused
 from .phrases import Phrase, PhraseError, boosting_tree
 from .results import Outbox, StreamResult
@@ -79,11 +80,12 @@ class EngineClient:
             self._sock.shutdown(socket.SHUT_RDWR)
 
     # -- streams: ASREngine's API ---------------------------------------------------------
-    def create_stream(self, lookahead=None, bulk: bool = False, phrases: tuple[Phrase, ...] = ()) -> int:
+    def create_stream(self, lookahead=None, bulk: bool = False, phrases: tuple[Phrase, ...] = (),
+                      language: str | None = None) -> int:
         if lookahead is not None:
             lookahead = tuple(lookahead)
         rows = [(p.text, p.weight, p.hint) for p in phrases]
-        answer = self._call(lambda ref: Open(ref, lookahead, bulk, rows), OPEN_TIMEOUT)
+        answer = self._call(lambda ref: Open(ref, lookahead, bulk, rows, language), OPEN_TIMEOUT)
         if isinstance(answer, Refused):
             if answer.code == "queue_full":
                 raise QueueFull()
@@ -137,6 +139,9 @@ class EngineClient:
 
     def check_phrases(self, phrases: tuple[Phrase, ...]) -> None:
         boosting_tree(phrases, self.info.tokenizer)
+
+    def check_language(self, language: str | None) -> str | None:
+        return Languages(self.info.languages).resolve(language)
 
     # -- figures ------------------------------------------------------------------------
     def healthy(self) -> bool:
@@ -258,4 +263,6 @@ def _info(hello: Hello) -> EngineInfo:
         precision=hello.precision,
         start_seconds=hello.start_seconds,
         cuda_graphs=hello.cuda_graphs,
+        languages=tuple(hello.languages),
+        default_language=hello.default_language,
     )

@@ -21,6 +21,8 @@ class EngineInfo:
     precision: PrecisionChoice  # the encoder's precision, and why (--dtype auto: the measured check)
     start_seconds: float  # from the engine's construction to ready: loading, precision check, graph capture
     cuda_graphs: int  # graphs captured at start-up (0: none, eager)
+    languages: tuple[str, ...] = ()  # a multilingual model's languages ("en-US", ..., "auto"); none for the others
+    default_language: str | None = None  # what a stream that names none gets
 
     def modes_text(self) -> str:
         """The lookahead modes as a user writes them: '70,1, 70,6'."""

@@ -26,6 +26,7 @@ class Open(msgspec.Struct, tag=1, array_like=True):
     lookahead: tuple[int, int] | None
     bulk: bool
     phrases: list[tuple[str, float, bool]]  # (text, weight, hint)
+    language: str | None = None
 
 
 class Audio(msgspec.Struct, tag=2, array_like=True):
@@ -57,6 +58,8 @@ class Hello(msgspec.Struct, tag=10, array_like=True):
     precision: PrecisionChoice
     start_seconds: float
     cuda_graphs: int
+    languages: list[str] = []
+    default_language: str | None = None
 
 
 class Opened(msgspec.Struct, tag=11, array_like=True):
@@ -67,7 +70,7 @@ class Opened(msgspec.Struct, tag=11, array_like=True):
 
 class Refused(msgspec.Struct, tag=12, array_like=True):
     ref: int
-    code: str  # queue_full | invalid_phrases | bad_lookahead | ...
+    code: str  # queue_full | invalid_phrases | bad_lookahead | unsupported_language | ...
     message: str
 
 

@@ -2,7 +2,8 @@
 
 pre-encode: features and subsampling of every chunk in the step, one batch per lookahead mode,
   cut into the step's batches (one per round and mode, step.py);
-encode: the cache-aware encoder layers over each batch, against the slot pool;
+encode: the cache-aware encoder layers over each batch, against the slot pool, then (a multilingual
+  model) each row's language prompt, gathered by its slot from the prompt pool;
 decode: one greedy RNN-T pass per batch (label looping, model/greedy.py) for the streams without
   key phrases, their tokens to the host in one copy for the whole step; a beam search
   (model/beam.py) with each stream's boosting tree (model/boosting.py) for those with phrases,
@@ -58,6 +59,7 @@ class ModelRunner:
         self.eou = model.tokenizer.eou_id if model.tokenizer is not None else None
         self.cache, self.decoder_state, self.boost, self.beams = self.allocate_pools(slots)
         self.commits = BeamCommits(phrases.BEAM, max(1, round(phrases.MAX_LAG_SECONDS / model.frame_seconds)))
+        self.prompts = self._prompt_pool(slots)
         self.streams = StageStreams(self.device, STAGES)
         self.pre_encoders: dict[Lookahead, StaticBatches] = {}
         self.encoders: dict[Lookahead, StaticBatches] = {}
@@ -76,6 +78,12 @@ class ModelRunner:
         starts = word_starts(self.model.tokenizer, decoder.blank + 1)
         boost = BoostPool(rows, phrases.LIMITS, self.device, starts, phrases.EVIDENCE)
         return cache, decoder.state_pool(rows, self.device), boost, BeamPool(decoder, rows, phrases.BEAM, self.device)
+
+    def _prompt_pool(self, slots: int) -> torch.Tensor | None:
+        """Each slot's language prompt index (the scratch slot's too); None: a model without prompts."""
+        if self.model.prompt is None:
+            return None
+        return torch.zeros(slots + (1 if self.graphs else 0), dtype=torch.long, device=self.device)
 
     @property
     def static_batches(self) -> list[StaticBatches]:
@@ -125,9 +133,12 @@ class ModelRunner:
 
     def encode(self, step: Step) -> None:
         self.streams.follow(step)
-        first = [item.slot for item in step if item.first and item.live]
+        first = [item for item in step if item.first and item.live]
         if first:
-            self.cache.reset(self._index(first))
+            slots = self._index([item.slot for item in first])
+            self.cache.reset(slots)
+            if self.prompts is not None:  # in place: the captured graphs read the pool
+                self.prompts[slots] = self._index([item.seq.prompt for item in first])
         for batch in step.batches:
             static = self.encoders.get(batch.mode)
             args = (batch.x, batch.lengths, batch.slots)
@@ -220,7 +231,11 @@ class ModelRunner:
         return self.model.encoder.stream_pre_encode(feats, lengths, start, mode)[0]
 
     def _layers(self, x, lengths, slots, mode: Lookahead, guard=None) -> torch.Tensor:
-        return self.model.encoder.stream_layers(x, lengths, self.cache, slots, mode)
+        enc = self.model.encoder.stream_layers(x, lengths, self.cache, slots, mode)
+        if self.prompts is None:
+            return enc
+        # float32, as the joint that reads it: the prompt kernel keeps its weights' precision
+        return self.model.prompted(enc.float(), self.prompts[slots])
 
     def _greedy(self, enc, lengths, slots, guard=None) -> torch.Tensor:
         """The greedy pass of the streams at `slots`, their decoder state carried in the pool; labels

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
+from .languages import AUTO
 
 MAX_PENDING_RESULTS = 32  # beyond this, new results merge into the newest one (nothing is dropped)
 
@@ -32,6 +33,9 @@ class StreamResult:
     # the highest probability it gave <EOU> since its last other token in this result (ResultBuilder);
     # without, the blank frames after the last token as a share of the endpoint silence
     end_of_utterance: float = 0.0
+    # a multilingual model's language: the stream's, or with "auto" the last one the model wrote
+    # (None until it wrote one; always None for a model without language prompts)
+    language: str | None = None
 
     def merge(self, later: "StreamResult") -> None:
         """Fold a later result into this one (used when a client falls behind)."""
@@ -48,15 +52,18 @@ class StreamResult:
         self.error = self.error or later.error
         spoken = later.text.strip()  # its figure counts from its own last word
         self.end_of_utterance = later.end_of_utterance if spoken else max(self.end_of_utterance, later.end_of_utterance)
+        self.language = later.language or self.language
 
 
 class DecoderProgress:
     """One stream's decoding so far, written by the decode stage only (through ResultBuilder):
     encoder frames decoded, the frame of the last token, whether the open utterance has tokens,
-    and the incremental detokenizer."""
+    the incremental detokenizer, and the language results report."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, language: str | None = None):
         self.detok = IncrementalDetokenizer(tokenizer)
+        self.detects = language == AUTO  # the language is the last tag the model wrote
+        self.language = None if self.detects else language
         self.frames_decoded = 0
         self.last_token_frame = -1
         self.utterance_has_tokens = False
@@ -69,10 +76,12 @@ class ResultBuilder:
     frames following a token.
     """
 
-    def __init__(self, frame_seconds: float, eou_id: int | None, endpoint_frames: int):
+    def __init__(self, frame_seconds: float, eou_id: int | None, endpoint_frames: int,
+                 language_tags: dict[int, str] | None = None):
         self.fs = frame_seconds
         self.eou_id = eou_id
         self.endpoint_frames = endpoint_frames
+        self.language_tags = language_tags or {}  # a multilingual model's tag ids -> languages
 
     def build(self, stream_id: int, progress: DecoderProgress, tokens: list[tuple[int, int]], frames: int,
               final: bool, latency: float | None, eou: float = 0.0) -> StreamResult:
@@ -84,6 +93,9 @@ class ResultBuilder:
         progress.frames_decoded += frames
         text = progress.detok.push(ids) + (progress.detok.flush() if final else "")
         ended = self._utterance_end(progress, ids, at)
+        if progress.detects:
+            progress.language = next((self.language_tags[i] for i in reversed(ids) if i in self.language_tags),
+                                     progress.language)
         return StreamResult(
             stream_id=stream_id,
             token_ids=ids,
@@ -97,6 +109,7 @@ class ResultBuilder:
             audio_seconds=progress.frames_decoded * self.fs,
             latency=latency,
             end_of_utterance=eou if self.eou_id is not None else 1.0 if ended else self._silence(progress),
+            language=progress.language,
         )
 
     def _silence(self, progress: DecoderProgress) -> float:

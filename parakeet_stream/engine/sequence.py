@@ -43,6 +43,7 @@ class Sequence:
     outbox: Outbox = field(default_factory=Outbox)
     bulk: bool = False  # its audio is all there at once (a file): no deadlines, spare capacity only (policy.py)
     boosting: BoostingTree | None = None  # its key phrases (phrases.py), loaded into its slot at its first step
+    prompt: int | None = None  # its language prompt (languages.py), written into its slot at its first step
     # lifecycle: written by the Scheduler only, under its lock; the others read it
     status: Status = Status.WAITING
     slot: int | None = None

@@ -133,7 +133,7 @@ class _Client:
     def _open(self, message: Open) -> None:
         phrases = tuple(Phrase(text, weight, hint) for text, weight, hint in message.phrases)
         try:
-            sid = self.engine.create_stream(message.lookahead, message.bulk, phrases)
+            sid = self.engine.create_stream(message.lookahead, message.bulk, phrases, message.language)
         except QueueFull:
             self._send(Refused(message.ref, "queue_full", "every slot is busy and the waiting queue is full"))
             return
@@ -218,4 +218,6 @@ def hello(engine: ASREngine) -> Hello:
         precision=info.precision,
         start_seconds=info.start_seconds,
         cuda_graphs=info.cuda_graphs,
+        languages=list(info.languages),
+        default_language=info.default_language,
     )

@@ -43,4 +43,4 @@ def resolve_model_dir(name: str | Path) -> Path:
     # ORG/NAME where ORG is a folder here (weights/smal) is a mistyped path, not a repository
     if hub.is_hub_name(name) and not (name not in NAMED_MODELS and path.parent.is_dir()):
         return hub.resolve(name)
-    raise ModelNotFound(f"no model {name!r}: expected demo, small, large, ORG/NAME[@REVISION] or a model folder")
+    raise ModelNotFound(f"no model {name!r}: expected demo, small, large, multilingual, ORG/NAME[@REVISION] or a model folder")

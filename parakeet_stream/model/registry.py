@@ -1,4 +1,4 @@
-"""The named models: what `--model demo|small|large` means, in one table."""
+"""The named models: what `--model demo|small|large|multilingual` means, in one table."""
 
 from __future__ import annotations
 
@@ -11,5 +11,6 @@ NAMED_MODELS: dict[str, str | None] = {
     "demo": None,
     "small": "nvidia/parakeet_realtime_eou_120m-v1",
     "large": "nvidia/nemotron-speech-streaming-en-0.6b",
+    "multilingual": "nvidia/nemotron-3.5-asr-streaming-0.6b",  # a language per stream, or its own language ID
 }
 HUB_ALIASES = {name: repo for name, repo in NAMED_MODELS.items() if repo is not None}

@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=_grpc_port, default=50051,
                    help="gRPC port: NVIDIA Riva ASR, as nvidia-riva-client speaks it (0: any free; off: none)")
     p.add_argument("--model", default="demo",
-                   help="demo (bundled, understands synthetic speech only), small or large (NVIDIA's, downloaded "
-                        "and converted once), a Hugging Face ORG/NAME[@REVISION] or a model folder; "
+                   help="demo (bundled, understands synthetic speech only), small, large or multilingual "
+                        "(NVIDIA's, downloaded and converted once), a Hugging Face ORG/NAME[@REVISION] or a model folder; "
                         "scripts/serve.sh passes --model small")
     p.add_argument("--device", default=AUTO, help="torch device: auto (cuda where torch sees a GPU, else cpu), cpu, "
                                                   "cuda or cuda:N")

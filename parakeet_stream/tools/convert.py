@@ -17,7 +17,7 @@ from ..model.errors import ModelNotFound
 
 
 def convert(src: str, dst: Path) -> ModelConfig:
-    """A .nemo file, or a hub name (ORG/NAME[@REVISION], small, large) downloaded first, into `dst`."""
+    """A .nemo file, or a hub name (ORG/NAME[@REVISION], small, large, multilingual) downloaded first, into `dst`."""
     path = Path(src)
     if not path.exists() and hub.is_hub_name(src):
         path = hub.download(src)
@@ -26,7 +26,7 @@ def convert(src: str, dst: Path) -> ModelConfig:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="parakeet-convert", description=__doc__.splitlines()[0])
-    ap.add_argument("src", help="a .nemo file, or a Hugging Face model: ORG/NAME[@REVISION], small or large")
+    ap.add_argument("src", help="a .nemo file, or a Hugging Face model: ORG/NAME[@REVISION], small, large or multilingual")
     ap.add_argument("dst", type=Path, nargs="?",
                     help="output folder, e.g. weights/small (default for a hub model: the model cache, "
                          "refreshed to the revision's newest commit)")

@@ -18,7 +18,7 @@ UNREACHABLE = 3
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parakeet_stream.tools.fetch")
-    ap.add_argument("name", help="ORG/NAME[@REVISION], small or large")
+    ap.add_argument("name", help="ORG/NAME[@REVISION], small, large or multilingual")
     ap.add_argument("--fallback", help="named in the message when the hub cannot be reached")
     args = ap.parse_args(argv)
     try:

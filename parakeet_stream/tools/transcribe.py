@@ -5,7 +5,8 @@ decoded block by block, pushed as fast as the engine takes it); as many files as
 slots are decoded together in its batches, many chunks a step, in the model's longest lookahead
 mode unless --lookahead says otherwise. Output: text, JSON, or SRT / WebVTT subtitles, printed or
 written to `--out DIR`. `--offline` runs the whole-utterance forward instead, for comparison.
-`--phrases FILE` boosts key phrases (names, products, jargon) in every file's decoding.
+`--phrases FILE` boosts key phrases (names, products, jargon) in every file's decoding; `--language`
+is what a multilingual model transcribes (default: its automatic language identification).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from tqdm import tqdm
 
 from .. import subtitles
 from ..audio import AudioError, check_file, read_audio
-from ..engine import ASREngine
+from ..engine import ASREngine, EngineError
+from ..engine.languages import Languages
 from ..engine.options import add_engine_arguments, engine_options
 from ..engine.phrases import MAX_WEIGHT, Phrase, PhraseError, boosting_tree, check_phrases
 from ..engine.policy import bulk_lookahead
@@ -50,6 +52,7 @@ class Transcript:
     utterances: list[str] = field(default_factory=list)
     error: str | None = None
     words: list[dict] = field(default_factory=list)
+    language: str | None = None  # a multilingual model's: the file's, or the one it identified last
 
     def as_json(self) -> str:
         fields = {k: v for k, v in self.__dict__.items() if v is not None}
@@ -77,11 +80,14 @@ def _run(fn, *args):
 def as_transcript(name: str, t: FileTranscript) -> Transcript:
     if t.error and not t.token_ids:
         return Transcript(name, error=t.error)
-    return Transcript(name, t.token_ids, t.text, t.token_times, [u.text for u in t.utterances], t.error, t.words)
+    return Transcript(name, t.token_ids, t.text, t.token_times, [u.text for u in t.utterances], t.error, t.words,
+                      t.language)
 
 
-def transcribe_offline(model: ParakeetModel, audios: dict[str, np.ndarray], lookahead=None) -> dict[str, Transcript]:
-    """Whole-utterance forward with the same chunked-limited attention, files batched with padding."""
+def transcribe_offline(model: ParakeetModel, audios: dict[str, np.ndarray], lookahead=None,
+                       language: str | None = None) -> dict[str, Transcript]:
+    """Whole-utterance forward with the same chunked-limited attention, files batched with padding,
+    in `language` (a multilingual model's prompt name, as Languages.resolve gives it)."""
     names = list(audios)
     feats = [model.features(torch.from_numpy(audios[n]))[0] for n in names]
     lengths = torch.tensor([f.size(0) for f in feats])
@@ -89,7 +95,8 @@ def transcribe_offline(model: ParakeetModel, audios: dict[str, np.ndarray], look
     with torch.inference_mode():
         enc, enc_len = model.encoder(batch.to(model.encoder_dtype), lengths, lookahead)
         state = model.decoder.initial_state(len(names))
-        emission, _ = model.decoder.decode(enc.float(), enc_len, state)
+        prompts = None if language is None else torch.full((len(names),), model.cfg.prompt.index(language))
+        emission, _ = model.decoder.decode(model.prompted(enc.float(), prompts), enc_len, state)
     out = {}
     for name, toks in zip(names, emission.per_stream(len(names))):
         ids = [tok for tok, _ in toks]
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="parakeet-transcribe", description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", metavar="FILE")
     ap.add_argument("--model", default="demo",
-                    help="demo, small, large, a Hugging Face ORG/NAME[@REVISION] (downloaded and converted once) "
+                    help="demo, small, large, multilingual, a Hugging Face ORG/NAME[@REVISION] (downloaded and converted once) "
                          "or a model folder (default: demo)")
     ap.add_argument("--device", default=AUTO,
                     help="torch device: auto (cuda where torch sees a GPU, else cpu; the default), cpu, cuda or cuda:N")
@@ -125,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-line-chars", type=int, default=subtitles.MAX_LINE_CHARS,
                     help=f"subtitle line length (default {subtitles.MAX_LINE_CHARS})")
     ap.add_argument("--max-num-streams", type=int, default=32, help="files decoded together")
+    ap.add_argument("--language", default=None,
+                    help="a multilingual model's language: a locale such as de-DE, a language such as de, or auto "
+                         "(its automatic language identification; the default)")
     ap.add_argument("--phrases", type=Path, default=None, metavar="FILE",
                     help="key phrases to boost: one per line, optionally followed by a TAB and a weight "
                          f"(above 0, at most {MAX_WEIGHT:g}; default 1: the default boost, 2 twice it)")
@@ -143,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         model = set_precision(load_model(args.model, args.device), args.dtype, args.quantize)
         modes = model.cfg.encoder.att_context_sizes
         lookahead = model.encoder.check_lookahead(args.lookahead or bulk_lookahead(modes))
+        language = Languages(tuple(model.cfg.prompt.languages) if model.cfg.prompt else ()).resolve(args.language)
+    except EngineError as exc:
+        print(f"parakeet-transcribe: error: --language: {exc.message}", file=sys.stderr)
+        return 2
     except (ModelNotFound, ValueError) as exc:  # (DeviceError and PrecisionError are ValueErrors)
         offline = getattr(exc, "unreachable", False) and args.model in HUB_ALIASES
         hint = "; --model demo (the bundled demo model) needs no network" if offline else ""
@@ -157,11 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.offline:
         audios, results = load_audios(args.files)
         if audios:
-            results.update(transcribe_offline(model, audios, lookahead))
+            results.update(transcribe_offline(model, audios, lookahead, language))
         for f in args.files:
             emit(results[f], None, args)
     else:
-        results = _transcribe_paths(args, model, lookahead, phrases)
+        results = _transcribe_paths(args, model, lookahead, phrases, language)
     return 1 if any(r.error for r in results.values()) else 0
 
 
@@ -203,7 +217,7 @@ def output_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _transcribe_paths(args, model, lookahead, phrases: tuple[Phrase, ...]) -> dict[str, Transcript]:
+def _transcribe_paths(args, model, lookahead, phrases: tuple[Phrase, ...], language: str | None) -> dict[str, Transcript]:
     """The streaming path: files decoded block by block. With --out each file is written as soon
     as it is done; printed output comes in the order of the command line, at the end."""
     results, sources = {}, {}
@@ -224,7 +238,7 @@ def _transcribe_paths(args, model, lookahead, phrases: tuple[Phrase, ...]) -> di
                     emit(results[name], transcript, args)
                 bar.update()
 
-            details = trio.run(transcribe_files, engine, sources, lookahead, done, phrases)
+            details = trio.run(transcribe_files, engine, sources, lookahead, done, phrases, language)
     for f in args.files:
         if args.out is None or f not in details:
             emit(results[f], details.get(f), args)

@@ -8,7 +8,8 @@ at `Finalize` (`from_finalize`) or at the end of the stream.
 `UtteranceEnd` follows once `utterance_end_ms` of audio passed after the last finalized word.
 `Metadata` is the last message before the close. Each `Finalize` ends the segment; later audio
 opens a new one (see streams/segments.py: audio sent meanwhile waits for it, times count from the
-start of the connection). Every segment boosts the key phrases the URL names (`keyterm`, `keywords`).
+start of the connection). Every segment boosts the key phrases the URL names (`keyterm`, `keywords`)
+and transcribes its `language` (a multilingual model's; `multi` is its automatic language ID).
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ... import audio
+from ...engine.languages import AUTO
 from ...engine.phrases import MAX_WEIGHT, Phrase, PhraseError, check_phrases
+from ..streams.language import checked_language
 from ..streams.phrases import refused
 from ..streams.protocol import Accept, Handshake, Protocol, Refusal, check_access
 from ..streams.schema import Message, Schema
@@ -50,7 +53,7 @@ BOOLEANS = ("interim_results", "vad_events")
 # accepted and ignored: formatting, billing, labels and hints our model has no use for
 # (LiveKit's and Pipecat's Deepgram plugins send most of them on every connection)
 IGNORED = {
-    "model", "version", "language", "language_hint", "tag", "extra", "mip_opt_out", "punctuate", "smart_format",
+    "model", "version", "language_hint", "tag", "extra", "mip_opt_out", "punctuate", "smart_format",
     "numerals", "no_delay", "filler_words", "profanity_filter", "dictation", "measurements",
     "callback_method", "diarize_version",
 }
@@ -60,8 +63,9 @@ FALSE_ONLY = {
     "intents", "summarize", "redact", "search", "replace", "callback",
 }
 PHRASES = ("keyterm", "keywords")  # repeatable; see parse_phrases
-KNOWN = {"encoding", "sample_rate", "channels", "endpointing", "utterance_end_ms", *PHRASES, *BOOLEANS, *IGNORED,
-         *FALSE_ONLY}
+KNOWN = {"encoding", "sample_rate", "channels", "endpointing", "utterance_end_ms", "language", *PHRASES, *BOOLEANS,
+         *IGNORED, *FALSE_ONLY}
+MULTI = "multi"  # Deepgram's code-switching: the model's automatic language ID
 INTENSIFIER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,7 @@ class Options:
     utterance_end_ms: int | None = None
     model: str = "parakeet"
     phrases: tuple[Phrase, ...] = ()
+    language: str | None = None  # as asked; the handshake makes it the model's name for it
 
 
 def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> Options:
@@ -111,6 +116,8 @@ def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> O
     if "utterance_end_ms" in query:
         options.utterance_end_ms = _milliseconds(query, "utterance_end_ms")
     options.phrases = parse_phrases(params)
+    language = query.get("language")
+    options.language = AUTO if language == MULTI else language
     return options
 
 
@@ -156,9 +163,9 @@ def _milliseconds(query: dict[str, str], name: str) -> int:
 
 
 def handshake_for(parse: Callable[[dict[str, str], Sequence[tuple[str, str]]], Any], names: str):
-    """A Deepgram handshake: its key forms, then `parse` of the query (options with `phrases`,
-    checked against the model; `names`: their query parameters); a refusal shaped like Deepgram's
-    (HTTP 400)."""
+    """A Deepgram handshake: its key forms, then `parse` of the query (options with `phrases` and
+    `language`, checked against the model; `names`: the phrases' query parameters); a refusal shaped
+    like Deepgram's (HTTP 400)."""
 
     def handshake(ctx: ServerContext, request: Handshake) -> Accept | Refusal:
         key, subprotocol = credentials(request.headers, list(request.subprotocols))
@@ -168,6 +175,7 @@ def handshake_for(parse: Callable[[dict[str, str], Sequence[tuple[str, str]]], A
         try:
             options = parse(request.query, request.params)
             check_phrases_for(ctx, options.phrases, names)
+            options.language = checked_language(ctx.engine, options.language)
         except ProtocolError as exc:
             body = {"err_code": "INVALID_QUERY_PARAMETER", "err_msg": exc.message, "request_id": str(uuid.uuid4())}
             return Refusal(400, exc.code, exc.message, body)
@@ -227,6 +235,7 @@ class DeepgramSession(Session):
         self.options = options
         self.segments.rate = options.sample_rate
         self.segments.phrases = options.phrases
+        self.segments.language = options.language
         self.request_id = str(uuid.uuid4())
         self.created = datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
         self._words = WordTracker(self.info)
@@ -234,6 +243,7 @@ class DeepgramSession(Session):
         self._last_final_word_end: float | None = None  # awaiting its UtteranceEnd
         self._from_finalize = False
         self._closing = False
+        self._language: str | None = None  # a multilingual model's, as its last result said
 
     async def on_message(self, message: str | bytes) -> None:
         if isinstance(message, bytes):
@@ -278,6 +288,7 @@ class DeepgramSession(Session):
         ends_transcript = result.utterance_end or result.is_final
         transcript.words += self._words.update(result, now, close=ends_transcript, offset=segment.offset)
         transcript.text += result.text
+        self._language = result.language or self._language
         if ends_transcript:
             self._send_final(now, speech_final=result.utterance_end)
         elif self.options.interim_results and first is not None:
@@ -310,11 +321,15 @@ class DeepgramSession(Session):
         transcript = self._transcript
         start = transcript.start if transcript.spoken else now
         words = transcript.words + self._words.open_word(now)
+        if self.segments.language == AUTO:  # Deepgram's fields for code-switching: the languages detected
+            words = [{**word, "language": self._language} for word in words] if self._language else words
         alternative = {
             "transcript": transcript.text.strip(),
             "confidence": transcript_confidence(words),
             "words": words,
         }
+        if self.segments.language == AUTO:
+            alternative["languages"] = [self._language] if self._language else []
         return {
             "type": "Results",
             "channel_index": [0, 1],

@@ -7,7 +7,8 @@ audio described by `encoding` and `sample_rate`. The query parameters are the li
 ignored: utterances end at the model's end of utterance). A JSON body (`{"url": ...}`, the SDK's
 `transcribe_url`) and `callback` are refused: this server fetches and calls nothing. The answer
 is Deepgram's: `metadata`, and `results.channels[0].alternatives[0]` with `transcript`,
-`confidence` and `words` (`paragraphs` and `results.utterances` when asked for).
+`confidence` and `words` (`paragraphs` and `results.utterances` when asked for; a multilingual
+model's `languages` with `language=multi`).
 """
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from ...engine.languages import AUTO
 from ...engine.phrases import Phrase
 from ..context import ServerContext
 from ..streams import wire
+from ..streams.language import checked_language
 from ..streams.words import transcript_confidence
 from ..transport.codes import ProtocolError
 from . import deepgram
@@ -36,7 +39,7 @@ FILE_ONLY = ("utterances", "paragraphs", "utt_split")
 # our codes in Deepgram's words where Deepgram has its own
 ERR_CODES = {"unauthorized": "INVALID_AUTH", "invalid_config": "INVALID_QUERY_PARAMETER",
              "file_too_large": "PAYLOAD_TOO_LARGE", "too_many_uploads": "TOO_MANY_REQUESTS",
-             "invalid_phrases": "INVALID_QUERY_PARAMETER"}
+             "invalid_phrases": "INVALID_QUERY_PARAMETER", "unsupported_language": "INVALID_QUERY_PARAMETER"}
 
 
 @dataclass
@@ -46,6 +49,7 @@ class Options:
     utterances: bool = False
     paragraphs: bool = False
     phrases: tuple[Phrase, ...] = ()
+    language: str | None = None
 
 
 async def handle(ctx: ServerContext, exchange: Exchange) -> None:
@@ -54,6 +58,10 @@ async def handle(ctx: ServerContext, exchange: Exchange) -> None:
         key, _ = deepgram.credentials(exchange.headers, [])
         check_key(ctx, key or exchange.query.get("api_key"))
         options = parse_options(exchange.query, exchange.params)
+        try:
+            options.language = checked_language(ctx.engine, options.language)
+        except ProtocolError as exc:
+            raise UploadError(400, exc.code, exc.message) from None
         if exchange.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
             raise UploadError(400, "url_not_supported", "this server fetches nothing: send the audio itself as "
                               "the request body (Content-Type: audio/* or application/octet-stream)")
@@ -87,7 +95,8 @@ def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> O
     except ProtocolError as exc:
         raise _invalid(exc.message) from None
     options = Options(
-        utterances=_boolean(query, "utterances"), paragraphs=_boolean(query, "paragraphs"), phrases=parsed.phrases
+        utterances=_boolean(query, "utterances"), paragraphs=_boolean(query, "paragraphs"), phrases=parsed.phrases,
+        language=parsed.language,
     )
     if not container:
         options.encoding, options.sample_rate = parsed.encoding, parsed.sample_rate
@@ -111,7 +120,7 @@ def _invalid(message: str) -> UploadError:
 
 
 async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Options, spool: Spool) -> None:
-    transcript = await transcribe(exchange, reader, PROTOCOL, phrases=options.phrases)
+    transcript = await transcribe(exchange, reader, PROTOCOL, phrases=options.phrases, language=options.language)
     body = response(ctx, transcript, options, spool.sha256, str(uuid.uuid4()))
     await exchange.respond(200, wire.dumps(body), JSON)
 
@@ -122,6 +131,8 @@ def response(ctx: ServerContext, transcript: FileTranscript, options: Options, s
         "confidence": transcript_confidence(transcript.words),
         "words": [_word(w) for w in transcript.words],
     }
+    if options.language == AUTO:  # Deepgram's field for code-switching (language=multi)
+        alternative["languages"] = [transcript.language] if transcript.language else []
     if options.paragraphs:
         alternative["paragraphs"] = _paragraphs(transcript)
     results: dict = {"channels": [{"alternatives": [alternative]}]}

@@ -79,6 +79,7 @@ class Options:
     thresholds: Thresholds = field(default_factory=Thresholds)
     phrases: tuple[Phrase, ...] = ()
     keyterms: tuple[str, ...] = ()  # as the client wrote them, for ConfigureSuccess
+    language: str | None = None  # Flux names none: a multilingual model identifies it (its default)
 
 
 def _within(name: str, value: float, low: float, high: float) -> float:

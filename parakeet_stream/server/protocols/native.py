@@ -16,6 +16,7 @@ from ...engine.phrases import Phrase, PhraseError, as_written, check_phrases
 from ...model import config as model_config
 from ...model.config import Lookahead
 from ..streams.guard import key_ok
+from ..streams.language import checked_language
 from ..streams.phrases import refused
 from ..streams.protocol import Accept, Protocol, Refusal
 from ..streams.schema import InvalidField, Message, Schema
@@ -32,7 +33,9 @@ if TYPE_CHECKING:
     from ..streams.segment import Segment
     from ..transport.tcp import TcpChannel
 
-PROTOCOL_VERSION = 4  # 3: results carry `words`; 4: start takes `phrases`, hello and started echo them
+# 3: results carry `words`; 4: start takes `phrases`, hello and started echo them; 5: start takes
+# `language`, hello, started and results carry it
+PROTOCOL_VERSION = 5
 PRE_AUTH_MAX_LINE = 65536  # TCP with an API key: the longest first line (it carries the key)
 
 
@@ -44,6 +47,7 @@ class StreamConfig:
     encoding: str | None = None
     lookahead: tuple[int, int] | None = None
     phrases: tuple[Phrase, ...] | None = None
+    language: str | None = None
 
 
 class PhraseSpec(msgspec.Struct, forbid_unknown_fields=True):
@@ -58,9 +62,10 @@ class Start(Message, tag="start"):
     encoding: str | None = None
     lookahead: str | list[int] | None = None
     phrases: list[str | PhraseSpec] | None = None
+    language: str | None = None
     codes = {
         "sample_rate": "invalid_config", "encoding": "invalid_config", "lookahead": "invalid_config",
-        "phrases": "invalid_phrases",
+        "phrases": "invalid_phrases", "language": "invalid_config",
     }
 
 
@@ -116,6 +121,7 @@ def stream_config(message: Start) -> StreamConfig:
         config.lookahead = parse_lookahead(message.lookahead)
     if message.phrases is not None:
         config.phrases = parse_phrases(message.phrases)
+    config.language = message.language
     return config
 
 
@@ -135,6 +141,7 @@ def url_config(query: dict[str, str]) -> StreamConfig:
         config.encoding = parse_encoding(query["encoding"])
     if query.get("lookahead") is not None:
         config.lookahead = parse_lookahead(query["lookahead"])
+    config.language = query.get("language")
     return config
 
 
@@ -215,6 +222,7 @@ class NativeSession(Session):
         self.encoding = self.declared.encoding or "pcm16"
         self.segments.rate = self.declared.sample_rate or audio.SAMPLE_RATE
         self.segments.phrases = self.declared.phrases or ()
+        self.segments.language = checked_language(self.connection.ctx.engine, self.declared.language)
 
     def _open(self) -> None:
         self.segments.open(self.declared.lookahead)
@@ -244,8 +252,9 @@ class NativeSession(Session):
         self._declare(config)
         segment = self.segments.current
         lookahead = tuple(self.declared.lookahead or self.info.default_lookahead)
-        if lookahead != segment.lookahead or self.segments.phrases != segment.phrases:
-            self.segments.discard()  # nothing was pushed yet: reopen with the requested mode and phrases
+        if (lookahead, self.segments.phrases, self.segments.language) != (segment.lookahead, segment.phrases,
+                                                                             segment.language):
+            self.segments.discard()  # nothing was pushed yet: reopen with the requested mode, phrases and language
             self._open()
         else:
             segment.set_input_rate(self.segments.rate)
@@ -265,6 +274,7 @@ class NativeSession(Session):
             "lookahead": list(segment.lookahead),
             "chunk_seconds": self.info.chunk_seconds[segment.lookahead],
             "phrases": [{"text": as_written(p, self.info.tokenizer), "weight": p.weight} for p in segment.phrases],
+            "language": segment.language,
             "model": self.config.model_name,
             "protocol_version": PROTOCOL_VERSION,
         }
@@ -285,6 +295,7 @@ class NativeSession(Session):
             "words": self._words.update(result, result.audio_seconds, close=result.is_final),
             "audio_seconds": result.audio_seconds,
             "latency": result.latency,
+            "language": result.language,
         }
         if result.error:
             message["error"] = result.error

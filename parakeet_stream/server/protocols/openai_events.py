@@ -73,8 +73,8 @@ class SemanticVad(msgspec.Struct, tag_field="type", tag="semantic_vad"):
 
 
 class Transcription(msgspec.Struct):
-    """Accepted and echoed; `keywords` and `prompt` name the key phrases, the rest only tunes
-    OpenAI's models."""
+    """Accepted and echoed; `keywords` and `prompt` name the key phrases, `language` what a
+    multilingual model transcribes, the rest only tunes OpenAI's models."""
 
     delay: Literal["minimal", "low", "medium", "high", "xhigh"] | None | UnsetType = UNSET
     keywords: Keywords | None | UnsetType = UNSET
@@ -188,6 +188,12 @@ class Settings:
         if "transcription" in changes:
             changes["phrases"] = transcription_phrases(changes["transcription"])
         return replace(self, **changes)
+
+    @property
+    def language(self) -> str | None:
+        """The transcription's language as asked (None: the model's default)."""
+        language = self.transcription.language if self.transcription is not None else None
+        return language if isinstance(language, str) else None
 
     def describe(self) -> dict:
         audio_input = {

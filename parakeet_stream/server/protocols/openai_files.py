@@ -4,8 +4,9 @@
 A multipart form: `file` (the audio), `response_format` (json, text, verbose_json, srt, vtt),
 `timestamp_granularities[]` (word, segment: verbose_json's `words` and `segments`), `stream`
 (true: server-sent events `transcript.text.delta` as the text is decoded, then
-`transcript.text.done`), `keywords[]` and `prompt` (key phrases: server/streams/phrases.py). Accepted and
-ignored: `model`, `language`, `temperature` and the other hints in IGNORED. Errors are OpenAI's
+`transcript.text.done`), `keywords[]` and `prompt` (key phrases: server/streams/phrases.py), `language`
+(what a multilingual model transcribes; English models take English only). Accepted and ignored:
+`model`, `temperature` and the other hints in IGNORED. Errors are OpenAI's
 `{"error": {message, type, param, code}}`.
 """
 from __future__ import annotations
@@ -21,7 +22,9 @@ from ...engine.phrases import Phrase
 from ..context import ServerContext
 from ..streams import wire
 from ..streams.guard import bearer_token
+from ..streams.language import checked_language
 from ..streams.phrases import FieldPhraseError, openai_phrases
+from ..transport.codes import ProtocolError
 from .files.exchange import Exchange, UploadError
 from .files.form import FormSink
 from .files.spool import Spool
@@ -40,10 +43,14 @@ FORMATS = {
 }
 GRANULARITIES = ("word", "segment")
 IGNORED = {
-    "model", "language", "temperature", "include[]", "languages[]", "known_speaker_names[]",
+    "model", "temperature", "include[]", "languages[]", "known_speaker_names[]",
     "known_speaker_references[]",
 }
-KNOWN = {"file", "response_format", "timestamp_granularities[]", "stream", "keywords[]", "prompt", *IGNORED}
+KNOWN = {"file", "response_format", "timestamp_granularities[]", "stream", "keywords[]", "prompt", "language",
+         *IGNORED}
+# verbose_json's `language` is a name, as Whisper writes it
+LANGUAGE_NAMES = {"en": "english", "es": "spanish", "de": "german", "fr": "french", "it": "italian",
+                  "pt": "portuguese", "nl": "dutch"}
 
 
 @dataclass
@@ -53,6 +60,7 @@ class Options:
     segments: bool = True
     stream: bool = False
     phrases: tuple[Phrase, ...] = ()
+    language: str | None = None
 
 
 async def handle(ctx: ServerContext, exchange: Exchange) -> None:
@@ -64,6 +72,7 @@ async def handle(ctx: ServerContext, exchange: Exchange) -> None:
             await exchange.read_body(form.write, ctx.config.max_upload_bytes)
             await trio.to_thread.run_sync(form.close)
             options = parse_options(form.fields)
+            options.language = _checked_language(ctx, options.language)
             reader = await open_audio(ctx, spool)
             work = partial(_stream, ctx, exchange, reader, options) if options.stream else partial(
                 _answer, ctx, exchange, reader, options)
@@ -99,7 +108,15 @@ def parse_options(fields: dict[str, list[str]]) -> Options:
     except FieldPhraseError as exc:
         param = "keywords[]" if exc.field == "keywords" else exc.field
         raise UploadError(400, exc.code, f"{param}: {exc.message}", param) from None
+    options.language = _one(fields, "language", "") or None
     return options
+
+
+def _checked_language(ctx: ServerContext, language: str | None) -> str | None:
+    try:
+        return checked_language(ctx.engine, language)
+    except ProtocolError as exc:
+        raise UploadError(400, exc.code, exc.message, "language") from None
 
 
 def _one(fields: dict[str, list[str]], name: str, default: str) -> str:
@@ -110,7 +127,7 @@ def _one(fields: dict[str, list[str]], name: str, default: str) -> str:
 
 
 async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Options) -> None:
-    transcript = await transcribe(exchange, reader, PROTOCOL, phrases=options.phrases)
+    transcript = await transcribe(exchange, reader, PROTOCOL, phrases=options.phrases, language=options.language)
     await exchange.respond(200, render(transcript, options), FORMATS[options.response_format])
 
 
@@ -123,7 +140,7 @@ async def _stream(ctx: ServerContext, exchange: Exchange, reader, options: Optio
             await exchange.open_events()
         await exchange.send_event(wire.dumps({"type": "transcript.text.delta", "delta": text}))
 
-    transcript = await transcribe(exchange, reader, PROTOCOL, delta, options.phrases)
+    transcript = await transcribe(exchange, reader, PROTOCOL, delta, options.phrases, options.language)
     if not exchange.responded:
         await exchange.open_events()
     await exchange.send_event(wire.dumps({"type": "transcript.text.done", "text": transcript.text}))
@@ -140,13 +157,21 @@ def render(transcript: FileTranscript, options: Options) -> bytes:
     usage = {"type": "duration", "seconds": round(transcript.duration, 3)}
     if kind == "json":
         return wire.dumps({"text": transcript.text, "usage": usage})
-    body = {"task": "transcribe", "language": "english", "duration": round(transcript.duration, 3),
+    body = {"task": "transcribe", "language": language_name(transcript.language or options.language),
+            "duration": round(transcript.duration, 3),
             "text": transcript.text}
     if options.segments:
         body["segments"] = [_segment(i, u) for i, u in enumerate(transcript.utterances)]
     if options.words:
         body["words"] = [{key: w[key] for key in ("word", "start", "end")} for w in transcript.words]
     return wire.dumps(body | {"usage": usage})
+
+
+def language_name(language: str | None) -> str:
+    """A language as verbose_json names it ("de-DE" -> "german"); a model without languages: english."""
+    if language is None:
+        return "english"
+    return LANGUAGE_NAMES.get(language.split("-")[0].lower(), language)
 
 
 def _segment(i: int, utterance) -> dict:

@@ -9,7 +9,8 @@ segment (flushing the last words); audio appended while it drains waits for the 
 a commit of it is committed at once, its segment made final when it opens. Times
 (`audio_start_ms`, `audio_end_ms`) count from the first audio of the connection. The client
 events and the settings they set are typed in openai_events.py; each segment boosts the key
-phrases the session's transcription settings named when it opened.
+phrases the session's transcription settings named when it opened, in their `language` (a
+multilingual model's).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...engine.phrases import PhraseError
+from ..streams.language import checked_language
 from ..streams.protocol import Protocol
 from ..streams.schema import InvalidField
 from ..streams.segments import State
@@ -41,6 +43,7 @@ PARAMS = {"invalid_audio_length": "audio", "invalid_samples": "audio"}
 CODES = {
     "input_audio_buffer_commit_empty": KEEP_OPEN,  # OpenAI's own: a commit with no audio
     "invalid_phrases": KEEP_OPEN,  # an error event: the session goes on with its settings unchanged
+    "unsupported_language": KEEP_OPEN,  # likewise
 }
 
 
@@ -125,9 +128,14 @@ class OpenAIRealtimeSession(Session):
                 self.connection.ctx.engine.check_phrases(settings.phrases)
             except PhraseError as exc:
                 raise InvalidField(exc.code, exc.message, f"{TRANSCRIPTION_PATH}.keywords") from None
+        try:
+            language = checked_language(self.connection.ctx.engine, settings.language)
+        except ProtocolError as exc:
+            raise InvalidField(exc.code, exc.message, f"{TRANSCRIPTION_PATH}.language") from None
         self.settings = settings
         self.segments.rate = self.settings.format.rate
         self.segments.phrases = self.settings.phrases
+        self.segments.language = language
         self.post({"type": "session.updated", "event_id": event_id(), "session": self.settings.describe()})
 
     def _commit(self) -> None:

@@ -2,7 +2,8 @@
 
 Each `commit` with `final: true` ends an utterance (a segment); `transcription.done` follows its
 last delta, and the next audio starts a new one. Audio appended before that `done` waits for the
-next utterance, and so does a `commit final` sent behind it.
+next utterance, and so does a `commit final` sent behind it. `language` (in `session.update` or the
+URL, as vLLM's transcription API names it) is what a multilingual model transcribes.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ..streams.language import checked_language
 from ..streams.protocol import Protocol
 from ..streams.schema import Message, Schema
 from ..streams.segments import State
@@ -35,12 +37,15 @@ VLLM_CODES = {
 
 class SessionFields(msgspec.Struct):
     sample_rate: int | None = None  # any model name is accepted: this server serves exactly one
+    language: str | None = None
 
 
 class SessionUpdate(Message, tag="session.update"):
     session: SessionFields | None = None
     sample_rate: int | None = None  # read when there is no `session`
-    codes = {"sample_rate": "invalid_config", "session.sample_rate": "invalid_config"}
+    language: str | None = None  # likewise
+    codes = {"sample_rate": "invalid_config", "session.sample_rate": "invalid_config",
+             "language": "invalid_config", "session.language": "invalid_config"}
 
 
 class Append(Message, tag="input_audio_buffer.append"):
@@ -65,6 +70,7 @@ class VllmRealtimeSession(Session):
     def open(self) -> None:
         if "sample_rate" in self._query:
             self.segments.rate = parse_sample_rate(self._query["sample_rate"], from_url=True)
+        self.segments.language = checked_language(self.connection.ctx.engine, self._query.get("language"))
         self.segments.open()  # wait for a slot at once: session.created says it is ours
 
     async def on_message(self, message: str | bytes) -> None:
@@ -79,6 +85,8 @@ class VllmRealtimeSession(Session):
             self._commit(event.final)
 
     def _update(self, fields: SessionFields | SessionUpdate) -> None:
+        if fields.language is not None:
+            self._set_language(fields.language)
         if fields.sample_rate is None:
             return
         segment = self.segments.current or self.segments.open()
@@ -86,6 +94,17 @@ class VllmRealtimeSession(Session):
             raise ProtocolError("bad_state", "sample_rate can only change before audio is sent")
         self.segments.rate = parse_sample_rate(fields.sample_rate)
         segment.set_input_rate(self.segments.rate)
+
+    def _set_language(self, requested: str) -> None:
+        """The language of the segments opened from now on; an open segment without audio yet is
+        opened again in it."""
+        segments = self.segments
+        segments.language = checked_language(self.connection.ctx.engine, requested)
+        segment = segments.current
+        if segment is not None and segments.state is State.OPEN and not segment.received_samples \
+                and segment.language != segments.language:
+            segments.discard()
+            segments.open()
 
     def _commit(self, final: bool) -> None:
         """Without `final`, a start marker (opens the segment); with it, the end of the utterance."""

@@ -30,11 +30,13 @@ class Segment:
     def __init__(
         self, engine: ASREngine, changed: Wakeup, lookahead: tuple[int, int] | None, input_rate: int,
         max_seconds: float | None, offset: float, budget: int, phrases: tuple[Phrase, ...],
+        language: str | None = None,
     ) -> None:
-        self.stream = _open(engine, changed, budget, max_seconds, lookahead, phrases)
+        self.stream = _open(engine, changed, budget, max_seconds, lookahead, phrases, language)
         self.sid = self.stream.sid
         self.lookahead = tuple(lookahead or engine.info.default_lookahead)
         self.phrases = phrases
+        self.language = language or engine.info.default_language  # what a multilingual model transcribes
         self.offset = offset  # connection seconds where its audio starts
         self.input_seconds = 0.0  # audio received, padding and the cut after max_seconds included
         self._rate = engine.info.sample_rate
@@ -134,14 +136,16 @@ class Segment:
 
 
 def _open(engine: ASREngine, changed: Wakeup, budget: int, max_seconds: float | None,
-          lookahead: tuple[int, int] | None, phrases: tuple[Phrase, ...]) -> EngineStream:
+          lookahead: tuple[int, int] | None, phrases: tuple[Phrase, ...], language: str | None) -> EngineStream:
     try:
-        return EngineStream(engine, changed.set_threadsafe, budget, max_seconds, lookahead, phrases)
+        return EngineStream(engine, changed.set_threadsafe, budget, max_seconds, lookahead, phrases, language=language)
     except QueueFull:
         raise ProtocolError("queue_full", "every slot is busy and the waiting queue is full") from None
     except PhraseError as exc:  # a phrase too many tokens long for the model
         raise refused(exc) from None
     except EngineError as exc:
+        if exc.code == "unsupported_language":
+            raise ProtocolError(exc.code, exc.message) from None
         if exc.code != "bad_lookahead":
             raise
         raise ProtocolError("bad_lookahead", f"lookahead must be one of: {engine.info.modes_text()}") from None

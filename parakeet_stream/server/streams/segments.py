@@ -63,6 +63,7 @@ class Segments:
         self.offset = 0.0  # connection seconds where the current (or next) segment starts
         self.end_after: str | None = None  # end the connection for this reason once the current segment is done
         self.phrases: tuple[Phrase, ...] = ()  # what each segment opened from now on boosts
+        self.language: str | None = None  # and its language (None: the model's default)
         self._channel = channel
         self._metric = metric
         self._budget = backlog_samples(ctx.config)
@@ -115,7 +116,7 @@ class Segments:
         config = self.ctx.config
         self.current = Segment(
             self.ctx.engine, self.changed, lookahead, self.rate, config.max_stream_seconds, self.offset, self._budget,
-            self.phrases,
+            self.phrases, self.language,
         )
         self.ctx.metrics.streams.labels(self._metric).inc()
         return self.current

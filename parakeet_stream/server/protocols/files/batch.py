@@ -63,16 +63,17 @@ async def transcribe_files(
     lookahead=None,
     on_done: Callable[[str, FileTranscript], None] = lambda name, transcript: None,
     phrases: tuple = (),
+    language: str | None = None,
 ) -> dict[str, FileTranscript]:
     """Every source as its own stream, as many at once as the engine has slots; a source is opened
     once its turn has come, so that only the files being transcribed are open; every stream boosts
-    `phrases` (engine/phrases.py)."""
+    `phrases` (engine/phrases.py), in `language` (None: the model's default)."""
     slots = trio.CapacityLimiter(engine.stats()["max_num_streams"])
     out: dict[str, FileTranscript] = {}
 
     async def one(name: str, source: Source) -> None:
         async with slots:
-            out[name] = await _transcribe(engine, name, source, lookahead, phrases)
+            out[name] = await _transcribe(engine, name, source, lookahead, phrases, language)
         on_done(name, out[name])
 
     async with trio.open_nursery() as nursery:
@@ -81,7 +82,8 @@ async def transcribe_files(
     return out
 
 
-async def _transcribe(engine: ASREngine, name: str, source: Source, lookahead, phrases: tuple) -> FileTranscript:
+async def _transcribe(engine: ASREngine, name: str, source: Source, lookahead, phrases: tuple,
+                      language: str | None) -> FileTranscript:
     builder = TranscriptBuilder(engine.info)
 
     async def on_result(result) -> None:
@@ -90,7 +92,7 @@ async def _transcribe(engine: ASREngine, name: str, source: Source, lookahead, p
     try:
         await source.open()
         samples = await feed_file(engine, source.read, on_result, int(BACKLOG_SECONDS * engine.info.sample_rate), lookahead,
-                                  phrases)
+                                  phrases, language)
     except AudioError as exc:
         return FileTranscript(error=f"cannot read audio file {name}: {exc}")
     finally:

@@ -40,14 +40,15 @@ async def feed_file(
     budget_samples: int,
     lookahead: tuple[int, int] | None = None,
     phrases: tuple[Phrase, ...] = (),
+    language: str | None = None,
 ) -> int:
     """Transcribe the audio `read` yields as one bulk engine stream (in `lookahead`, else the
-    engine's bulk mode) that boosts `phrases`; `on_result` gets every result in order, the final
+    engine's bulk mode) that boosts `phrases`, in `language` (None: the model's default); `on_result` gets every result in order, the final
     one last. Returns the samples pushed. `read`'s exceptions propagate, and QueueFull or
-    PhraseError when the engine refuses the stream. The stream is cancelled if this is interrupted."""
+    PhraseError (or EngineError: a language it lacks) when the engine refuses the stream. The stream is cancelled if this is interrupted."""
     wakeup = Wakeup()
     stream = EngineStream(engine, wakeup.set_threadsafe, budget_samples, lookahead=lookahead, phrases=phrases,
-                          bulk=True)
+                          bulk=True, language=language)
     block = max(1, min(int(BLOCK_SECONDS * engine.info.sample_rate), budget_samples // 2))
     try:
         while not stream.finished:

@@ -26,6 +26,7 @@ class FileTranscript:
     token_ids: list[int] = field(default_factory=list)  # every token the engine emitted, <EOU> included
     token_times: list[float] = field(default_factory=list)
     error: str | None = None
+    language: str | None = None  # a multilingual model's: the file's, or the last one it detected
 
     @property
     def words(self) -> list[dict]:
@@ -50,6 +51,7 @@ class TranscriptBuilder:
         out.token_ids += result.token_ids
         out.token_times += result.token_times
         out.error = out.error or result.error
+        out.language = result.language or out.language
         eou = self._tokenizer.eou_id
         for timed in timed_tokens(result):
             if timed[0] == eou:

@@ -71,8 +71,9 @@ async def transcribe(
     protocol: str,
     on_text: Callable[[str], Awaitable[None]] | None = None,
     phrases: tuple[Phrase, ...] = (),
+    language: str | None = None,
 ) -> FileTranscript:
-    """Transcribe the whole file, boosting `phrases`; `on_text` gets each new piece of text as it
+    """Transcribe the whole file in `language` (checked: engine.check_language), boosting `phrases`; `on_text` gets each new piece of text as it
     is decoded. The exchange keeps the audio seconds and results for the access log."""
     ctx = exchange.ctx
     engine = ctx.engine
@@ -88,7 +89,8 @@ async def transcribe(
 
     ctx.metrics.streams.labels(protocol).inc()
     try:
-        samples = await feed_file(engine, read, on_result, backlog_samples(ctx.config), phrases=phrases)
+        samples = await feed_file(engine, read, on_result, backlog_samples(ctx.config), phrases=phrases,
+                                  language=language)
     except QueueFull:
         raise UploadError(503, "queue_full", "every slot is busy and the waiting queue is full: retry later") from None
     except PhraseError as exc:  # a phrase too many tokens long for the model

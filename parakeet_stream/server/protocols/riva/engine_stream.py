@@ -23,7 +23,8 @@ from .errors import SHUTTING_DOWN, RivaError
 
 
 class RivaStream:
-    def __init__(self, engine: ASREngine, config: ServerConfig, phrases: tuple[Phrase, ...] = ()) -> None:
+    def __init__(self, engine: ASREngine, config: ServerConfig, phrases: tuple[Phrase, ...] = (),
+                 language: str | None = None) -> None:
         self.engine = engine
         self._config = config
         self._loop = asyncio.get_running_loop()
@@ -31,12 +32,13 @@ class RivaStream:
         self._progress = asyncio.Event()  # the engine consumed audio (or a slot was won)
         self.finalized_at: float | None = None
         self.failure: RivaError | None = None
-        self.stream = self._open(phrases)
+        self.phrases, self.language = phrases, language or engine.info.default_language
+        self.stream = self._open()
 
-    def _open(self, phrases: tuple[Phrase, ...]) -> EngineStream:
+    def _open(self) -> EngineStream:
         try:
-            stream = EngineStream(self.engine, partial(_wake, self._loop, self._changed),
-                                  backlog_samples(self._config), self._config.max_stream_seconds, phrases=phrases)
+            stream = EngineStream(self.engine, partial(_wake, self._loop, self._changed), backlog_samples(self._config),
+                                  self._config.max_stream_seconds, phrases=self.phrases, language=self.language)
         except QueueFull:
             raise RivaError("queue_full", "every slot is busy and the waiting queue is full") from None
         except PhraseError as exc:  # a phrase too many tokens long for the model
@@ -44,11 +46,12 @@ class RivaStream:
         self._changed.set()
         return stream
 
-    def reopen(self, phrases: tuple[Phrase, ...]) -> None:
-        """Before any audio: the engine stream is replaced by one that boosts `phrases` (at the
-        back of the queue if there is one)."""
+    def reopen(self, phrases: tuple[Phrase, ...], language: str | None) -> None:
+        """Before any audio: the engine stream is replaced by one that boosts `phrases` in
+        `language` (at the back of the queue if there is one)."""
         self.stream.release()
-        self.stream = self._open(phrases)
+        self.phrases, self.language = phrases, language
+        self.stream = self._open()
 
     @property
     def admitted(self) -> bool:

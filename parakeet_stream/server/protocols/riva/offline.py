@@ -15,7 +15,7 @@ from ...context import ServerContext
 from .audio_input import AudioInput
 from .engine_stream import RivaStream
 from .errors import RivaError
-from .options import parse_config
+from .options import model_language, parse_config
 from .streaming import CHANNEL_TAG
 from .transcript import Transcript
 
@@ -33,7 +33,8 @@ class OfflineCall:
     async def run(self, request: rasr.RecognizeRequest) -> rasr.RecognizeResponse:
         options = parse_config(request.config)
         audio = AudioInput(options)
-        self.stream = RivaStream(self.ctx.engine, self.ctx.config, options.phrases)
+        language = model_language(self.ctx.engine, options)
+        self.stream = RivaStream(self.ctx.engine, self.ctx.config, options.phrases, language)
         self.ctx.metrics.streams.labels("riva").inc()
         transcript = Transcript(self.ctx.engine.info, interim=False, words=options.word_time_offsets)
         feeder = asyncio.ensure_future(self._feed(audio, request.audio))

@@ -1,15 +1,16 @@
 """A Riva `RecognitionConfig` -> what this server does with it (docs/protocol.md section 2e).
 
 Served: `encoding` LINEAR_PCM / MULAW / ALAW (or unset: a WAV header, else LINEAR_PCM), any
-`sample_rate_hertz` (resampled), `interim_results`, `enable_word_time_offsets`, and
+`sample_rate_hertz` (resampled), `interim_results`, `enable_word_time_offsets`, `language_code` (a
+language the model transcribes: English for the English models, `model_language`), and
 `speech_contexts` (word boosting: every phrase of every context is a key phrase, its `boost`
 divided by BOOST_PER_WEIGHT is the phrase's weight, 0 or unset the default weight).
 Accepted and ignored, because they only tune what NVIDIA's models do (our model decides its own
 punctuation and endpoints): `model`, `max_alternatives` (one is returned), `profanity_filter`,
 `enable_automatic_punctuation`, `verbatim_transcripts`, `endpointing_config`,
 `custom_configuration`, `enable_separate_recognition_per_channel` (one channel), `runtime_config`.
-Refused (INVALID_ARGUMENT), because the answer would silently differ from what was asked: another
-language, more than one channel, speaker diarization, FLAC or OGG/Opus audio, a negative boost
+Refused (INVALID_ARGUMENT), because the answer would silently differ from what was asked: a
+language the model does not transcribe, more than one channel, speaker diarization, FLAC or OGG/Opus audio, a negative boost
 (suppressing words), key phrases beyond their limits.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from riva.client.proto.riva_asr_pb2 import RecognitionConfig
 from riva.client.proto.riva_audio_pb2 import AudioEncoding
 
 from .... import audio
+from ....engine import EngineError
 from ....engine.phrases import MAX_WEIGHT, Phrase, PhraseError, check_phrases
 from .errors import RivaError
 
@@ -29,7 +31,7 @@ ENCODINGS = {
     AudioEncoding.MULAW: "mulaw",
     AudioEncoding.ALAW: "alaw",
 }
-LANGUAGE = "en-US"  # what the served models speak (English; any en-* tag is accepted)
+LANGUAGE = "en-US"  # what the models without language prompts speak (English; any en-* tag is accepted)
 BOOST_PER_WEIGHT = 20.0  # the boost Riva's word-boosting docs suggest is our default weight, 1
 MAX_BOOST = BOOST_PER_WEIGHT * MAX_WEIGHT
 
@@ -41,6 +43,7 @@ class Options:
     interim_results: bool = False
     word_time_offsets: bool = False
     phrases: tuple[Phrase, ...] = ()
+    language: str | None = None  # language_code as asked (None: unset)
 
 
 def parse_config(config: RecognitionConfig, interim_results: bool = False) -> Options:
@@ -48,10 +51,6 @@ def parse_config(config: RecognitionConfig, interim_results: bool = False) -> Op
     if config.encoding not in ENCODINGS:
         name = AudioEncoding.Name(config.encoding) if config.encoding in AudioEncoding.values() else config.encoding
         raise RivaError("invalid_config", f"encoding {name} is not supported: use LINEAR_PCM, MULAW or ALAW")
-    language = config.language_code.strip().lower()
-    if language and language != "en" and not language.startswith("en-"):
-        said = config.language_code[:40]
-        raise RivaError("invalid_config", f"language_code {said!r}: this server transcribes English (en-US)")
     if config.audio_channel_count > 1:
         raise RivaError("invalid_config", "audio_channel_count must be 1: only mono audio is supported")
     if config.diarization_config.enable_speaker_diarization:
@@ -62,7 +61,16 @@ def parse_config(config: RecognitionConfig, interim_results: bool = False) -> Op
         interim_results=interim_results,
         word_time_offsets=config.enable_word_time_offsets,
         phrases=_phrases(config.speech_contexts),
+        language=config.language_code.strip() or None,
     )
+
+
+def model_language(engine, options: Options) -> str | None:
+    """The model's name for the language asked (engine.check_language); INVALID_ARGUMENT otherwise."""
+    try:
+        return engine.check_language(options.language)
+    except EngineError as exc:
+        raise RivaError("invalid_config", f"language_code: {exc.message}") from None
 
 
 def _phrases(contexts) -> tuple[Phrase, ...]:

@@ -58,7 +58,7 @@ class RivaServicer(RivaSpeechRecognitionServicer):
             return rasr.RivaSpeechRecognitionConfigResponse()
         left, right = info.default_lookahead
         common = {
-            "language_code": LANGUAGE,
+            "language_code": ",".join(info.languages) or LANGUAGE,
             "sample_rate": str(info.sample_rate),
             "lookahead_modes": info.modes_text(),
             "default_lookahead": f"{left},{right}",

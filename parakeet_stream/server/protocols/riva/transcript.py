@@ -6,7 +6,8 @@ rule for models without it) and at the end of the stream. Like Riva, a final tra
 a space (clients concatenate the finals of a call), interim ones do not; words carry times in
 milliseconds from the start of the call. Greedy streaming never revises a token once emitted, so
 an interim transcript only grows: its stability is 1.0. A final's confidence and its words' are
-the model's (server/streams/words.py).
+the model's (server/streams/words.py). A multilingual model's alternatives and words carry its
+language (`language_code`: the stream's, or the one the model identified last).
 """
 from __future__ import annotations
 
@@ -36,10 +37,12 @@ class Transcript:
         self._interim = interim
         self._words = words
         self._tokens: list[TimedToken] = []  # the open utterance
+        self._language = ""  # language_code: the stream's language, once known
 
     def add(self, result: StreamResult, received_seconds: float) -> list[Piece]:
         """What to send for one result; `received_seconds`: the audio the stream took so far."""
         processed = min(result.audio_seconds, received_seconds)
+        self._language = result.language or self._language
         out: list[Piece] = []
         grew = False
         for timed in timed_tokens(result):
@@ -52,7 +55,8 @@ class Transcript:
         if result.is_final or (result.utterance_end and self._endpoint_only):
             out += self._close(processed)
         elif grew and self._interim:
-            alternative = rasr.SpeechRecognitionAlternative(transcript=self._decode(self._tokens))
+            alternative = rasr.SpeechRecognitionAlternative(transcript=self._decode(self._tokens),
+                                                            language_code=self._languages())
             out.append(Piece(alternative, False, processed))
         return out
 
@@ -65,14 +69,18 @@ class Transcript:
         alternative = rasr.SpeechRecognitionAlternative(
             transcript=text + " ",
             confidence=transcript_confidence(words),
-            words=[_word_info(w) for w in words] if self._words else [],
+            words=[_word_info(w, self._language) for w in words] if self._words else [],
+            language_code=self._languages(),
         )
         return [Piece(alternative, True, processed)]
+
+    def _languages(self) -> list[str]:
+        return [self._language] if self._language else []
 
     def _decode(self, tokens: list[TimedToken]) -> str:
         return self._tokenizer.decode([t[0] for t in tokens]).strip()
 
 
-def _word_info(word: dict) -> rasr.WordInfo:
+def _word_info(word: dict, language: str) -> rasr.WordInfo:
     return rasr.WordInfo(word=word["word"], start_time=round(word["start"] * 1000),
-                         end_time=round(word["end"] * 1000), confidence=word["confidence"])
+                         end_time=round(word["end"] * 1000), confidence=word["confidence"], language_code=language)
