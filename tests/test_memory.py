@@ -11,8 +11,9 @@ from helpers import run_stream, tokens_of
 
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine.memory import MAX_BATCH, MAX_SLOTS, SHARE, DoesNotFit, plan_memory, slot_bytes
-from parakeet_stream.engine.phrases import LIMITS
+from parakeet_stream.engine.phrases import BEAM, LIMITS
 from parakeet_stream.engine.pipeline import DEPTH
+from parakeet_stream.model.beam import BeamPool
 from parakeet_stream.model.boosting import BoostPool
 from parakeet_stream.model.config import ModelConfig
 from parakeet_stream.model.conformer import EncoderCache
@@ -61,13 +62,15 @@ def test_slot_bytes_is_what_the_pools_take_per_slot(nemotron_model):
     caches = [EncoderCache.zeros(nemotron_model.cfg.encoder, n) for n in (3, 5)]
     starts = np.zeros(nemotron_model.decoder.blank + 1, dtype=bool)
     boosts = [BoostPool(n, LIMITS, torch.device("cpu"), starts) for n in (3, 5)]
+    beams = [BeamPool(nemotron_model.decoder, n, BEAM, torch.device("cpu")) for n in (3, 5)]
 
-    def size(cache, state, boost):
-        tensors = (cache.keys, cache.values, cache.conv, state.h, state.c, state.g,
-                   boost.node, boost.root, boost.nodes, boost.arcs)
+    def size(cache, state, boost, beam):
+        tensors = (cache.keys, cache.values, cache.conv, state.h, state.c, state.g, boost.root, boost.nodes,
+                   boost.arcs, beam.h, beam.c, beam.g, beam.score, beam.node, beam.banked, beam.last, beam.heard,
+                   beam.loan, beam.hash, beam.eou)
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    grown = size(caches[1], pools[1], boosts[1]) - size(caches[0], pools[0], boosts[0])
+    grown = size(caches[1], pools[1], boosts[1], beams[1]) - size(caches[0], pools[0], boosts[0], beams[0])
     assert grown // 2 == slot_bytes(nemotron_model)
 
 

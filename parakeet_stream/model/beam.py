@@ -125,7 +125,8 @@ class BeamPool:
     @staticmethod
     def slot_bytes(decoder: GreedyDecoder, beam: int) -> int:
         cfg = decoder.cfg
-        return beam * 4 * (2 * cfg.pred_rnn_layers * cfg.pred_hidden + cfg.joint_hidden + 10)
+        # the LSTM state and predictor output, five float32 and three int64 fields per hypothesis
+        return beam * (4 * (2 * cfg.pred_rnn_layers * cfg.pred_hidden + cfg.joint_hidden) + 5 * 4 + 3 * 8)
 
     def reset(self, slots: torch.Tensor) -> None:
         """The streams at `slots` start over: one hypothesis, nothing written."""
