@@ -45,9 +45,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import numpy as np
 import torch
 
-from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine import ASREngine, phrases
 from parakeet_stream.engine.phrases import LIMITS, boosting_tree, check_phrases
+from parakeet_stream.model.beam import BeamPass, BeamPool
 from parakeet_stream.model.boosting import BoostPool, word_starts
+from parakeet_stream.model.greedy import GreedyPass
 from parakeet_stream.training.data import edit_distance
 from phrase_set import PHRASES, SPLITS, build, words_of
 
@@ -232,9 +234,6 @@ def decode_cost(engine: ASREngine, audios: list[np.ndarray], batches=(1, 16, 64)
     stream boosting `count` of cost_phrases()); the chunks of the first 16 audios, repeated to the
     batch, their passes interleaved chunk by chunk (the machine's noise hits them alike), the best
     of `repeats` runs."""
-    from parakeet_stream.engine import phrases
-    from parakeet_stream.model.beam import BeamPass, BeamPool
-    
     model, dec = engine.model, engine.model.decoder
     enc16, len16, step = encoded(engine, audios)
     out = {}
@@ -284,8 +283,6 @@ def encoded(engine: ASREngine, audios: list[np.ndarray]):
 
 def loaded_pool(model, count: int, rows: int = 16) -> BoostPool:
     """A CPU slot pool of `rows` streams, each boosting `count` of cost_phrases() (its own rotation of the list)."""
-    from parakeet_stream.engine import phrases
-
     pool = BoostPool(rows, LIMITS, torch.device("cpu"), word_starts(model.tokenizer, model.decoder.blank + 1),
                      phrases.EVIDENCE)
     names = cost_phrases()
