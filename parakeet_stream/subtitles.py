@@ -1,13 +1,17 @@
 """Subtitles from timed words: cues, and their SubRip (.srt) and WebVTT (.vtt) text.
 
 A cue never spans two utterances; inside one it holds at most MAX_LINES lines of at most
-`max_line_chars` characters (Netflix's guideline: 42 characters, 2 lines), filled word by word.
+`max_line_chars` columns (Netflix's guideline: 42 characters, 2 lines; a wide CJK character takes
+two columns, so 21 of them), filled word by word; words join as the text writes them (no space
+between two words of Chinese or Japanese: text.py).
 A cue runs from its first word's start to its last word's end.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from .text import join_words, unspaced, width
 
 MAX_LINE_CHARS = 42
 MAX_LINES = 2
@@ -25,7 +29,7 @@ def cues(utterances: Iterable[list[dict]], max_line_chars: int = MAX_LINE_CHARS)
     out: list[Cue] = []
     for words in utterances:
         for group in _cue_groups(words, max_line_chars):
-            lines = tuple(" ".join(w["word"] for w in line) for line in group)
+            lines = tuple(join_words(w["word"] for w in line) for line in group)
             start, end = group[0][0]["start"], group[-1][-1]["end"]
             out.append(Cue(start, max(start, end), lines))
     return out
@@ -35,18 +39,21 @@ def _cue_groups(words: list[dict], max_line_chars: int) -> list[list[list[dict]]
     """Words -> cues -> lines: a word goes on the current line if it fits, else on a new line,
     else (MAX_LINES full) into a new cue. A word longer than a line gets a line of its own."""
     groups: list[list[list[dict]]] = []
-    width = 0
+    used = 0
     for word in words:
-        size = len(word["word"])
-        if groups and width + 1 + size <= max_line_chars:
-            groups[-1][-1].append(word)
-            width += 1 + size
-            continue
+        size = width(word["word"])
+        if groups:
+            last = groups[-1][-1][-1]["word"]
+            gap = 0 if last and word["word"] and unspaced(last[-1]) and unspaced(word["word"][0]) else 1
+            if used + gap + size <= max_line_chars:
+                groups[-1][-1].append(word)
+                used += gap + size
+                continue
         if groups and len(groups[-1]) < MAX_LINES:
             groups[-1].append([word])
         else:
             groups.append([[word]])
-        width = size
+        used = size
     return groups
 
 

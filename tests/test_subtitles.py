@@ -90,3 +90,13 @@ def test_transcribe_prints_one_file_as_vtt_and_refuses_what_cannot_work(tiny_mod
     assert several.returncode == 2 and several.stderr.strip().endswith("for several, give --out DIR")
     assert offline.returncode == 2 and "--offline does not give" in offline.stderr
     assert same_name.returncode == 2 and "several files would write" in same_name.stderr
+
+
+def test_chinese_and_japanese_words_join_without_spaces_and_count_two_columns():
+    chars = [{"word": ch, "start": i * 0.2, "end": i * 0.2 + 0.2} for i, ch in enumerate("今日は東京でとても暑いです")]
+    mixed = chars[:6] + words("GPU cluster", start=1.2) + chars[6:]
+    cues = subtitles.cues([mixed], max_line_chars=12)
+    # six wide characters fill 12 columns; "GPU cluster" (11 columns) keeps its space
+    assert [c.lines for c in cues] == [("今日は東京で", "GPU cluster"), ("とても暑いで", "す")]
+    text = subtitles.srt(cues)
+    assert [s.content for s in srt.parse(text)] == ["\n".join(c.lines) for c in cues]

@@ -24,6 +24,7 @@ export class Captions {
     if (!this.partial) {
       this.partial = document.createElement("p");
       this.partial.className = "caption partial";
+      this.partial.dir = "auto"; // right-to-left text (Arabic, Hebrew) lays out as such
       this.element.append(this.partial);
     }
     this.raw += delta;

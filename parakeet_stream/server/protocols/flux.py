@@ -30,6 +30,7 @@ import msgspec
 
 from ... import audio
 from ...engine.phrases import Phrase
+from ...text import join_words
 from ..streams.protocol import Protocol
 from ..streams.schema import Message, Schema
 from ..streams.segments import State
@@ -253,7 +254,7 @@ class FluxSession(Session):
                 "turn_index": event.index,
                 "audio_window_start": round(event.start, 3),
                 "audio_window_end": round(now, 3),
-                "transcript": " ".join(w["word"] for w in words),
+                "transcript": join_words(w["word"] for w in words),
                 "words": words,
                 "end_of_turn_confidence": round(event.confidence, 4),
             }

@@ -1,7 +1,8 @@
 """Words with times, made from a segment's results; called by the protocols that send words
 (native, Deepgram) and by file transcripts (protocols/files/transcript.py).
 
-A token whose piece starts with '\u2581' starts a word. A word is complete when the next one
+A token whose piece starts with '\u2581' starts a word, and so does every piece in a script
+written without spaces (Chinese, Japanese, Thai: text.py). A word is complete when the next one
 starts, at an end of utterance (<EOU>), or when the caller closes it (at the final result). It
 runs from its first token's frame to the end of its last token's frame, cut at the next word's
 start and at a limit: the audio known so far.
@@ -18,6 +19,8 @@ import functools
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
+from ...text import unspaced
+
 if TYPE_CHECKING:
     from ...engine import EngineInfo, StreamResult
     from ...model.tokenizer import Tokenizer
@@ -33,9 +36,13 @@ class Pieces:
     def __init__(self, tokenizer: Tokenizer) -> None:
         ids = range(tokenizer.vocab_size)
         self.text = frozenset(ids) - tokenizer.special_ids  # not <EOU>, <EOB>, ..., nor the blank
-        self.word_starts = frozenset(i for i in ids if tokenizer.piece(i).startswith(WORD_START))
+        self.word_starts = frozenset(i for i in ids if _starts_word(tokenizer.piece(i)))
         self.eou_id = tokenizer.eou_id
         self.decode = tokenizer.decode
+
+
+def _starts_word(piece: str) -> bool:
+    return piece.startswith(WORD_START) or (piece != "" and unspaced(piece[0]))
 
 
 @functools.lru_cache(maxsize=8)
