@@ -105,3 +105,13 @@ def test_the_end_takes_the_best_hypothesis_by_its_final_score():
     commits.start(0, True)
     commits.start(0, False)  # the slot's next stream has no phrases: nothing is left of the last one
     assert 0 not in commits
+
+
+def test_a_hypothesis_far_behind_with_and_without_its_loans_does_not_hold_text_back():
+    commits = BeamCommits(3, max_lag_frames=10, margin=3.0)
+    commits.start(0, True)
+    done = commits.take(0, packed([([1, 2], 0, 0.0, 0.0), ([1, 2], 0, -1.0, -1.0), ([1, 5], 0, -4.0, -4.0)]), 2)
+    assert [label for label, _, _ in done.labels] == [1, 2] and done.drop == [2]  # 4 behind: out
+    commits.start(1, True)
+    loan = commits.take(1, packed([([1, 2], 0, -1.0, 0.0), ([1, 5], 0, 0.0, -8.0), ([], 0, -9.0, -9.0)]), 2)  # on loan
+    assert [label for label, _, _ in loan.labels] == [1] and loan.drop == [2]  # [1 5] ahead by its score: it counts

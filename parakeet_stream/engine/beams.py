@@ -38,8 +38,10 @@ class Committed:
 
 
 class BeamCommits:
-    def __init__(self, beam: int, max_lag_frames: int):
-        self.beam, self.max_lag = beam, max_lag_frames
+    def __init__(self, beam: int, max_lag_frames: int, margin: float = float("inf")):
+        """margin: a hypothesis this far below the best, by its score and by its final score alike,
+        has no say in what is agreed (and leaves the beam where it disagrees with what is committed)."""
+        self.beam, self.max_lag, self.margin = beam, max_lag_frames, margin
         self.streams: dict[int, Written] = {}
 
     def start(self, slot: int, beams: bool) -> None:
@@ -67,17 +69,18 @@ class BeamCommits:
             new = list(zip(labels[k, :n].tolist(), (at[k, :n] + base).tolist(), probs[k, :n].tolist()))
             beams.append(w.beams[o] + new)
             alive.append(bool(np.isfinite(score[k])) and w.alive[o])
-        best = max((k for k in range(self.beam) if alive[k]), key=lambda k: final[k])  # loans given back
-        agreed = _common_prefix([beams[k] for k in range(self.beam) if alive[k]])
+        live = [k for k in range(self.beam) if alive[k]]
+        best = max(live, key=lambda k: final[k])  # loans given back
+        top = max(score[k] for k in live)
+        contenders = [k for k in live if score[k] >= top - self.margin or final[k] >= final[best] - self.margin]
+        agreed = _common_prefix([beams[k] for k in contenders])
         late = base + frames - self.max_lag
         forced = next((i for i, (_, f, _) in enumerate(beams[best]) if f >= late), len(beams[best]))
-        drop = []
-        if forced > agreed:
-            head = [lab for lab, _, _ in beams[best][:forced]]
-            drop = [k for k in range(self.beam) if alive[k] and [lab for lab, _, _ in beams[k][:forced]] != head]
-            for k in drop:
-                alive[k] = False
         n = max(agreed, forced)
+        head = [lab for lab, _, _ in beams[best][:n]]
+        drop = [k for k in live if [lab for lab, _, _ in beams[k][:n]] != head]
+        for k in drop:
+            alive[k] = False
         out = [(lab, f - base, p) for lab, f, p in beams[best][:n]]
         w.beams, w.alive, w.final, w.frames = [b[n:] for b in beams], alive, final.tolist(), base + frames
         return Committed(out, float(eou[best]), drop)

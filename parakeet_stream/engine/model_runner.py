@@ -58,7 +58,8 @@ class ModelRunner:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.eou = model.tokenizer.eou_id if model.tokenizer is not None else None
         self.cache, self.decoder_state, self.boost, self.beams = self.allocate_pools(slots)
-        self.commits = BeamCommits(phrases.BEAM, max(1, round(phrases.MAX_LAG_SECONDS / model.frame_seconds)))
+        self.commits = BeamCommits(phrases.BEAM, max(1, round(phrases.MAX_LAG_SECONDS / model.frame_seconds)),
+                                   phrases.COMMIT_MARGIN)
         self.prompts = self._prompt_pool(slots)
         self.streams = StageStreams(self.device, STAGES)
         self.pre_encoders: dict[Lookahead, StaticBatches] = {}
