@@ -2,8 +2,9 @@
 hypothesis wrote that is not committed yet, and what gets committed.
 
 A stream's text only grows (every API sends deltas), so a label is committed once every hypothesis
-in the beam agrees on it, and then it is the stream's for good. Hypotheses rarely disagree for long;
-where they do, a label older than `max_lag_frames` is committed from the best hypothesis by its
+that still counts agrees on it (one far behind the best, by its score and by its final score alike,
+does not, and leaves the beam if it disagrees), and then it is the stream's for good. Where they
+disagree longer, a label older than `max_lag_frames` is committed from the best hypothesis by its
 final score (what it would score if the stream ended now: a partial phrase match's loan given back,
 so a hypothesis that stalls inside a name to keep its loan does not win) and the hypotheses that
 disagree with it leave the beam (`BeamPool.drop`), so text is never later than that.

@@ -32,11 +32,10 @@ from ..model.conformer import EncoderCache
 from ..model.greedy import GreedyPass, eou_probabilities, unpack_scored
 from ..model.parakeet import ParakeetModel
 from ..model.rnnt import DecoderState
-from . import chunker
+from . import chunker, phrases
 from .chunker import Window
 from .cuda_graphs import StaticBatches, graph_sizes, loop_guard, unconditional
 from .beams import BeamCommits
-from . import phrases
 from .step import Batch, Step, StepItem
 from .streams import StageStreams
 

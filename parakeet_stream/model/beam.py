@@ -235,7 +235,7 @@ class BeamPass:
         return out
 
     def packed(self) -> torch.Tensor:
-        """[B, K, 6 + 3 L] int32, per hypothesis: labels written, origin, score, final score (the
+        """[B, K, 5 + 3 L] int32, per hypothesis: labels written, origin, score, final score (the
         context score as at the end of the stream), end-of-utterance probability (float32 bits), then
         the labels, their frames and their probabilities (bits); one copy brings a pass to the host."""
         hyps = self.hyps
