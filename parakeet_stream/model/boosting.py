@@ -16,8 +16,8 @@ A phrase is whole words: its reward is banked only when the next label starts a 
 with the word-boundary mark, punctuation, or a control piece such as <EOU>; the end of the stream
 counts as one) and does not continue a longer phrase, and only where the model heard it: the mean
 log-probability the model gave the match's labels is at least `evidence` (a full match below it
-forfeits its loan at once). The reward is the phrase's bonus times its
-weight: a weight scales what a full match earns, not the pull of each token. A phrase completed
+forfeits its loan at once). The reward is what the full match earned token by token times the
+phrase's weight: a weight scales what a full match earns, not the pull of each token. A phrase completed
 right after the same phrase, with no other word between, banks nothing: a name cannot repeat
 itself on a bonus (the audio must say it twice).
 
