@@ -15,7 +15,8 @@ the others, and every part after the capacity runs only while time is left:
    processes) at rising stream counts, stopping at the first level that fails and then bisecting
    once: finalization lag p50/p95, the server's chunk latency p95, steps, chunks per step, the
    server's CPU per chunk, GPU busy share, RSS and GPU memory; its start-up time and graph count;
-4. ceiling: pre-encode + encode + decode time of one eager step by batch size (160 ms mode);
+4. ceiling: pre-encode + encode + decode time of one eager step by batch size (160 ms mode), and
+   the beam-search decode of streams with 10 key phrases at the same sizes;
 5. invariance: (a) graphs vs eager tokens of the same streams, float32; (b) one stream's tokens
    alone vs among 15 and 255 others, float32 and bfloat16;
 6. tests: tests/test_cuda.py and the CUDA test of tests/test_precision.py;
@@ -54,6 +55,7 @@ from precision_report import fixture_agreement  # noqa: E402
 from random_model import build  # noqa: E402
 from parakeet_stream.engine import ASREngine  # noqa: E402
 from parakeet_stream.engine.cuda_graphs import loop_guard, unconditional  # noqa: E402
+from parakeet_stream.engine.phrases import boosting_tree, check_phrases  # noqa: E402
 from parakeet_stream.host import single_threaded_host  # noqa: E402
 from parakeet_stream.tools.convert import convert  # noqa: E402
 
@@ -64,6 +66,8 @@ FULL = {"device": "cuda", "model": "large", "dtype": "bfloat16", "lookahead": "7
         "batches": (1, 16, 64, 256, 512, 1024), "graph_streams": 16, "among": (15, 255),
         "tests": ["tests/test_cuda.py", "tests/test_precision.py::test_cuda_engine_matches_cpu_tokens"],
         "precisions": ("float32", "bfloat16", "float16")}
+# the key phrases of the ceiling's beam-search figure: lower-case words any tokenizer here can write
+PHRASES = [f"{a} {b}" for a in ("anna", "boris", "chen", "dmitri", "elena") for b in ("kowalski", "nguyen")]
 DRY = {"device": "cpu", "model": "nemotron_tiny", "dtype": "float32", "lookahead": "70,1", "slots": "8", "workers": "1",
        "levels": (2, 4), "seconds": 2.0, "procs": 2, "batches": (1, 2), "graph_streams": 4, "among": (3,),
        "tests": ["tests/test_cuda.py"], "precisions": ("float32",)}
@@ -304,33 +308,53 @@ def mode_160ms(engine: ASREngine):
 
 @torch.inference_mode()
 def ceiling(folder: Path, settings: dict) -> dict:
-    """Eager step time by batch size (pre-encode + encoder layers + greedy decode) in the 160 ms mode."""
+    """Eager step time by batch size (pre-encode + encoder layers + greedy decode) in the 160 ms mode,
+    and the decode alone as the streams with key phrases get it (the beam search in fixed shapes,
+    10 phrases per stream)."""
     batches = settings["batches"]
     with ASREngine(folder, settings["device"], max_num_streams=max(batches), max_batch=max(batches),
                    dtype=settings["dtype"], cuda_graphs=False) as engine:
         runner, model = engine.runner, engine.model
         mode = mode_160ms(engine)
-        spec, cuda = model.encoder.chunk_spec(mode), runner.device.type == "cuda"
-        rows = {}
+        spec = model.encoder.chunk_spec(mode)
+        tree = boosting_tree(check_phrases(PHRASES), model.tokenizer)
+        for slot in range(max(batches)):
+            runner.boost.load(slot, tree)
+        rows, beam = {}, {}
         for b in batches:
             feats = torch.randn(b, spec.window, model.cfg.features.n_mels, device=runner.device).to(model.encoder_dtype)
             full = torch.full((b,), spec.window, device=runner.device)
             slots = torch.arange(b, device=runner.device)
-            times = []
-            for i in range(8):
-                if cuda:
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
+
+            def step():
                 x, lengths = model.encoder.stream_pre_encode(feats, full, torch.zeros_like(full), mode)
-                runner._greedy(runner._layers(x, lengths, slots, mode=mode).float(), lengths, slots)
-                if cuda:
-                    torch.cuda.synchronize()
-                if i >= 2:
-                    times.append(time.perf_counter() - t0)
-            rows[b] = round(float(np.median(times)) * 1000, 2)
+                enc = runner._layers(x, lengths, slots, mode=mode).float()
+                runner._greedy(enc, lengths, slots)
+                return enc, lengths
+
+            enc, lengths = step()
+            runner.beams.reset(slots)
+            rows[b] = _median_ms(step, runner.device)
+            beam[b] = _median_ms(lambda: runner._beam(enc, lengths, slots, guard=unconditional), runner.device)
         chunk_ms = engine.chunk_seconds(mode) * 1000
     real_time = [b for b, ms in rows.items() if ms <= chunk_ms]
-    return {"mode": list(mode), "chunk_ms": chunk_ms, "step_ms": rows, "streams_in_real_time": max(real_time, default=0)}
+    return {"mode": list(mode), "chunk_ms": chunk_ms, "step_ms": rows, "streams_in_real_time": max(real_time, default=0),
+            "beam_decode_ms": beam}
+
+
+def _median_ms(call, device: torch.device, runs: int = 8) -> float:
+    """The median time of `call` over `runs` (the first two left out), the device synchronized."""
+    cuda, times = device.type == "cuda", []
+    for i in range(runs):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return round(float(np.median(times)) * 1000, 2)
 
 
 def stream_tokens(engine: ASREngine, audios: list[np.ndarray], modes: list) -> list[list[int]]:
@@ -494,7 +518,9 @@ def markdown(parts: dict) -> str:
                      f"| {r.get('gpu_memory_gib', '-')} |")
     ceil = parts.get("ceiling", {})
     if ceil.get("ok"):
-        lines += ["", "Eager step (ms) by batch, 160 ms mode: " + ", ".join(f"{b}: {ms}" for b, ms in ceil["step_ms"].items())]
+        lines += ["", "Eager step (ms) by batch, 160 ms mode: " + ", ".join(f"{b}: {ms}" for b, ms in ceil["step_ms"].items()),
+                  "Beam-search decode (ms) by batch, streams with 10 key phrases: "
+                  + ", ".join(f"{b}: {ms}" for b, ms in ceil.get("beam_decode_ms", {}).items())]
     for name in [n for n in parts if n == "graphs vs eager" or n.startswith("alone vs among")]:
         rec = parts[name]
         figures = {k: v for k, v in rec.items() if isinstance(v, dict)} or {"": rec}
