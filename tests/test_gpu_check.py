@@ -32,7 +32,7 @@ def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
     assert capacity["capacity"] in [lv["streams"] for lv in levels if lv["ok"]] + [0]
     assert parts["graphs vs eager"]["equal"] and parts["graphs vs eager"]["eager_calls"] == 0
     assert parts["ceiling"]["step_ms"] and parts["alone vs among float32"]["among 3"]["tokens"] > 0
-    assert set(parts["ceiling"]["beam_decode_ms"]) == set(parts["ceiling"]["step_ms"])
+    assert set(parts["beam ceiling"]["decode_ms"]) == set(parts["ceiling"]["step_ms"])
     assert parts["precision"]["fixture_agreement"] == {"float32": 1.0}
     verdict = [line for line in proc.stdout.splitlines() if line.startswith("gpu_check verdict: capacity ")]
     assert verdict and "streams at p95 <= 320 ms (chunk p95 " in verdict[-1] and ", start-up " in verdict[-1]
