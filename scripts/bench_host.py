@@ -73,7 +73,7 @@ class StandIn:
             self.wait("encode", x.size(0))
             return x
 
-        def greedy(enc, lengths, slots, guard=None, boost=None):
+        def greedy(enc, lengths, slots, guard=None):
             self.wait("decode", enc.size(0))
             width = enc.size(1) * model.decoder.cfg.max_symbols + 1
             out = torch.zeros(enc.size(0), 1 + 3 * width, dtype=torch.int32)

@@ -169,9 +169,10 @@ class ModelRunner:
             for item, found, eou in zip(items, unpack_scored(rows), eou_probabilities(rows)):
                 item.tokens.append(found)
                 item.eou.append(eou)
-        for item in step:
-            if item.last and item.live and item.slot in self.commits:
-                item.final_tokens = self.commits.finish(item.slot)
+        if self.commits.streams:  # no loop over the step where no stream has phrases
+            for item in step:
+                if item.last and item.live and item.slot in self.commits:
+                    item.final_tokens = self.commits.finish(item.slot)
 
     def _decode_greedy(self, batch: Batch, rows: np.ndarray, subset: bool) -> torch.Tensor:
         enc, lengths, slots = self._rows(batch, rows) if subset else (batch.encoded, batch.lengths, batch.slots)
