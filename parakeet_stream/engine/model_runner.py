@@ -159,11 +159,14 @@ class ModelRunner:
         for batch in step.batches:
             slots = [item.slot for item in batch.items]
             boosted = self.boost.has_phrases(slots)
-            if boosted.any():
-                self._decode_beams(batch, np.flatnonzero(boosted), slots)
+            if not boosted.any():  # the common case: no row to split off, no per-row work
+                packed.append(self._decode_greedy(batch.mode, batch.encoded, batch.lengths, batch.slots))
+                plain.append(batch.items)
+                continue
+            self._decode_beams(batch, np.flatnonzero(boosted), slots)
             if not boosted.all():
                 rows = np.flatnonzero(~boosted)
-                packed.append(self._decode_greedy(batch, rows, len(rows) < len(slots)))
+                packed.append(self._decode_greedy(batch.mode, *self._rows(batch, rows)))
                 plain.append([batch.items[r] for r in rows])
         for items, rows in zip(plain, self._fetch(packed)):
             for item, found, eou in zip(items, unpack_scored(rows), eou_probabilities(rows)):
@@ -174,9 +177,8 @@ class ModelRunner:
                 if item.last and item.live and item.slot in self.commits:
                     item.final_tokens = self.commits.finish(item.slot)
 
-    def _decode_greedy(self, batch: Batch, rows: np.ndarray, subset: bool) -> torch.Tensor:
-        enc, lengths, slots = self._rows(batch, rows) if subset else (batch.encoded, batch.lengths, batch.slots)
-        static = self.decoders.get(batch.mode)
+    def _decode_greedy(self, mode: Lookahead, enc, lengths, slots) -> torch.Tensor:
+        static = self.decoders.get(mode)
         if static:  # its static input is float32: the copy in casts
             return static(enc, lengths, slots)
         return self._greedy(enc.float(), lengths, slots)

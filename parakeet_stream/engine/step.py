@@ -27,7 +27,7 @@ class StepItem:
     frames: list[int] = field(default_factory=list)  # pre-encode: valid encoder frames per chunk
     tokens: list[list[tuple[int, int, float]]] = field(default_factory=list)  # decode: (id, frame in chunk, probability) per chunk
     eou: list[float] = field(default_factory=list)  # decode: <EOU>'s probability since the last other token, per chunk
-    final_tokens: list[tuple[int, int, float]] = field(default_factory=list)  # decode: a beam's rest, at its end
+    final_tokens: list[tuple[int, int, float]] | tuple = ()  # decode: a beam's rest, at its end (no list per item)
 
     @property
     def live(self) -> bool:
