@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from parakeet_stream.engine import ASREngine, phrases
-from parakeet_stream.engine.phrases import LIMITS, boosting_tree, check_phrases
+from parakeet_stream.engine.phrases import LIMITS, Phrase, as_written, boosting_tree, check_phrases
 from parakeet_stream.model.beam import BeamPass, BeamPool
 from parakeet_stream.model.boosting import BoostPool, word_starts
 from parakeet_stream.model.greedy import GreedyPass
@@ -212,8 +212,9 @@ def audio_of(sentence: dict) -> np.ndarray:
     return audio
 
 
-def transcribe(engine: ASREngine, audios: list[np.ndarray], lists: list[tuple]) -> list[str]:
-    """Every audio as its own stream boosting its own checked phrases, 16 streams at a time."""
+def transcribe(engine: ASREngine, audios: list[np.ndarray], lists: list[tuple]) -> list[list]:
+    """Every audio as its own stream boosting its own checked phrases, 16 streams at a time: each
+    stream's results."""
     from helpers import collect_until_final
 
     out = []
@@ -223,8 +224,29 @@ def transcribe(engine: ASREngine, audios: list[np.ndarray], lists: list[tuple]) 
         for sid, k in zip(sids, batch):
             engine.push_audio(sid, audios[k])
             engine.finalize(sid)
-        out += ["".join(r.text for r in collect_until_final(engine, sid)).strip() for sid in sids]
+        out += [collect_until_final(engine, sid) for sid in sids]
     return out
+
+
+def text_of(results: list) -> str:
+    return "".join(r.text for r in results).strip()
+
+
+def evidence(engine: ASREngine, sentences: list[dict], results: list[list]) -> list[dict]:
+    """Every listed phrase found in a transcript (by its tokens): the mean and lowest log-probability
+    the model gave its tokens, and whether the sentence said it (what an evidence bound sees)."""
+    found = []
+    for s, res in zip(sentences, results):
+        ids = [t for r in res for t in r.token_ids]
+        logp = [float(np.log(max(c, 1e-12))) for r in res for c in r.token_confidences]
+        for phrase in s["listed"]:
+            tokens = engine.model.tokenizer.encode(as_written(Phrase(phrase), engine.model.tokenizer))
+            for i in range(len(ids) - len(tokens) + 1):
+                if ids[i : i + len(tokens)] == tokens:
+                    part = logp[i : i + len(tokens)]
+                    found.append({"phrase": phrase, "spoken": phrase in s["phrases"], "tokens": len(tokens),
+                                  "mean": round(sum(part) / len(part), 2), "min": round(min(part), 2)})
+    return found
 
 
 def decode_cost(engine: ASREngine, audios: list[np.ndarray], batches=(1, 16, 64), counts=(10, 100),
@@ -344,7 +366,10 @@ def evaluate(args, params: dict) -> dict:
     with ASREngine(args.model, max_num_streams=16, threads=1) as engine:
         for name, weight in PASSES.items():
             lists = [check_phrases([(p, weight) for p in s["listed"]]) if weight else () for s in sentences]
-            hyps[name] = transcribe(engine, audios, lists)
+            results = transcribe(engine, audios, lists)
+            hyps[name] = [text_of(r) for r in results]
+            if args.evidence and name == "weight 1":
+                report["evidence"] = evidence(engine, sentences, results)
     report["decode_seconds"] = round(time.perf_counter() - started - report["audio_seconds"], 1)
     for k, s in enumerate(sentences):
         s["hyp"] = {name: hyps[name][k] for name in PASSES}
@@ -364,6 +389,12 @@ def evaluate(args, params: dict) -> dict:
         print("targets (weight 1; inserted/runaway: every weighted pass): " + ", ".join(
             f"{name} {value:g} {'ok' if ok else 'MISSED'}" for name, (value, ok) in met.items()))
         print("\nworst examples:\n" + "\n".join(worst(half, half_hyps, figures, args.examples)))
+    for spoken in (True, False) if "evidence" in report else ():
+        rows = [e for e in report["evidence"] if e["spoken"] == spoken]
+        if rows:
+            print(f"\nweight 1, phrases found {'where said' if spoken else 'where NOT said'} ({len(rows)}): mean "
+                  f"log-probability per token {min(e['mean'] for e in rows)} to {max(e['mean'] for e in rows)}, "
+                  f"lowest token {min(e['min'] for e in rows)} to {max(e['min'] for e in rows)}")
     return report
 
 
@@ -378,6 +409,9 @@ def main(argv=None) -> None:
     ap.add_argument("--examples", type=int, default=8, help="worst examples shown per kind of failure")
     ap.add_argument("--out", type=Path, default=REPORT, help=f"the full JSON report (default {REPORT.relative_to(ROOT)})")
     ap.add_argument("--cost-only", action="store_true", help="only the decode cost figures")
+    ap.add_argument("--evidence", action="store_true", help="the log-probabilities of the phrases found at weight 1, "
+                                                              "said and not said (run with --param phrases.EVIDENCE=-1e9 "
+                                                              "to see them without the bound)")
     ap.add_argument("--model", default="demo", help="the model (recall figures need `demo`: the set is made for it; "
                                                     "--cost-only takes any, e.g. a random-weight `small` folder)")
     args = ap.parse_args(argv)
