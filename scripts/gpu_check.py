@@ -41,8 +41,9 @@ import time
 import traceback
 import urllib.request
 import wave
-from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -79,20 +80,24 @@ class Report:
     def __init__(self, deadline: float, out: Path, dry_run: bool):
         self.parts: dict[str, dict] = {}
         self.deadline, self.out, self.dry_run = deadline, out, dry_run
+        self.stalled: str | None = None  # the server's engine stalled: the GPU may still run what never ended
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    @contextmanager
-    def part(self, name: str, needs: float = 0.0):
-        """A part that records its figures; skipped (recorded as such) when fewer than `needs` seconds are left."""
+    def part(self, name: str, work: Callable[[], dict], needs: float = 0.0) -> dict:
+        """Runs `work` and records its figures (or why it failed); skipped, and recorded as such, when
+        fewer than `needs` seconds are left or (a part on the GPU, `needs` > 0) after a stall."""
         record: dict = {}
         start = time.perf_counter()
         print(f"== {name}", flush=True)
         try:
             if self.left() < needs:
                 raise TimeoutError(f"skipped: {self.left():.0f} s left, needs {needs:.0f}")
-            yield record
+            if self.stalled and needs:
+                raise RuntimeError(f"skipped: the server stalled ({self.stalled}); a kernel that never ends "
+                                   "outlives its process, so every later GPU figure would be wrong")
+            record |= work()
             record["ok"] = True
         except Exception as exc:  # noqa: BLE001 - one part's failure is a finding; the others still run
             record["ok"], record["error"] = False, repr(exc)
@@ -101,6 +106,7 @@ class Report:
         self.parts[name] = record
         print(json.dumps({name: record}, default=str), flush=True)
         write(self.parts, self.out, self.dry_run)
+        return record
 
 
 def machine(device: str) -> dict:
@@ -212,6 +218,32 @@ class GpuSampler:
         return {"gpu_busy_pct": round(float(np.mean(self.busy)), 1), "gpu_memory_gib": round(max(self.memory), 1)}
 
 
+class HealthWatch:
+    """The server's /health every second while a level runs: the first stall its engine reports."""
+
+    def __init__(self, server: Server):
+        self.server, self.stall = server, None
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        threading.Thread(target=self._poll, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._look()  # once more at the end: a stall shows only after the engine's limit
+
+    def _poll(self):
+        while not self._stop.wait(1.0) and self.stall is None:
+            self._look()
+
+    def _look(self):
+        try:
+            self.stall = self.stall or self.server.health().get("stalled")
+        except (OSError, ValueError):  # a 503 answer (broken) or no answer: the next look, or the level's figures
+            pass
+
+
 def _cpu(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -228,7 +260,7 @@ def load_level(server: Server, wav: Path, n: int, settings: dict) -> dict:
                                 "-f", "raw", "-o", str(settings["out"].parent / f"server-{n}.txt"), "-p",
                                 str(server.proc.pid), "--nonblocking", "--subprocesses"],  # the workers too
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with GpuSampler() as gpu:
+    with GpuSampler() as gpu, HealthWatch(server) as health:
         proc = subprocess.run([sys.executable, str(LOADGEN), "--port", str(server.tcp), "--wav", str(wav),
                                "--clients", str(n), "--procs", str(min(settings["procs"], n)), "--final-wait", "10",
                                "--connect-timeout", "20", "--metrics", server.http + "/metrics"],
@@ -249,6 +281,12 @@ def load_level(server: Server, wav: Path, n: int, settings: dict) -> dict:
            "server_cpu_s": round(cpu, 1), "server_cpu_us_per_chunk": round(1e6 * cpu / max(metrics["chunks"], 1)),
            "workers_cpu_s": round(workers_cpu, 2),
            "client_cpu_s": round(summary["client_cpu_s"], 1), "rss_mib": round(server.rss_mib())}
+    if health.stall:
+        out["stalled"] = health.stall
+        if settings.get("profile"):  # every thread's Python and native frames, the workers' too
+            dump = subprocess.run([settings["profile"], "dump", "--native", "--subprocesses", "-p", str(server.proc.pid)],
+                                  capture_output=True, text=True, timeout=60)
+            (settings["out"].parent / f"server-{n}-stalled.txt").write_text(dump.stdout + dump.stderr)
     return out | gpu.figures()
 
 
@@ -265,11 +303,13 @@ def capacity(server: Server, wav: Path, settings: dict, report: Report) -> dict:
             break
         runs.append(load_level(server, wav, n, settings))
         print(json.dumps(runs[-1]), flush=True)
+        if runs[-1].get("stalled"):
+            report.stalled = describe_stall(n, runs[-1]["stalled"])
         if not runs[-1]["ok"]:
             failed = n
             break
         best = n
-    if failed is not None and report.left() >= level_s:
+    if failed is not None and report.left() >= level_s and not report.stalled:
         mid = (best + failed) // 2
         if mid not in (best, failed):
             runs.append(load_level(server, wav, mid, settings))
@@ -277,24 +317,32 @@ def capacity(server: Server, wav: Path, settings: dict, report: Report) -> dict:
             best = mid if runs[-1]["ok"] else best
     held = [r for r in runs if r["ok"] and r["streams"] == best]
     return {"capacity": best, "at_least": failed is None, "chunk_p95_ms": held[0]["chunk_p95_ms"] if held else None,
-            "levels": runs}
+            "stalled": report.stalled, "levels": runs}
+
+
+def describe_stall(streams: int, stall: dict) -> str:
+    where = f", the GPU not past: {stall['device_at']}" if stall.get("device_at") else ""
+    return (f"at {streams} streams, {stall['stage']} on one step for {stall['seconds']} s "
+            f"(batches {', '.join(stall['batches']) or 'none'}{where})")
 
 
 def serve(report: Report, model: Path, settings: dict, work: Path) -> None:
-    server = None
-    with report.part("server start") as rec:
-        server = Server(model, settings, work / "server.log")
-        health = server.health()
-        rec |= {"ready_seconds": round(server.ready_seconds, 1), "engine_start": health.get("start"),
-                "workers": server.workers,
-                "slots": health.get("max_num_streams"), "precision": health.get("precision")}
-    if server is None:
+    servers: list[Server] = []
+
+    def start() -> dict:
+        servers.append(Server(model, settings, work / "server.log"))
+        health = servers[0].health()
+        return {"ready_seconds": round(servers[0].ready_seconds, 1), "engine_start": health.get("start"),
+                "workers": servers[0].workers, "slots": health.get("max_num_streams"), "precision": health.get("precision")}
+
+    report.part("server start", start)
+    if not servers:
         return
     try:
-        with report.part("capacity", needs=settings["seconds"] + 25) as rec:
-            rec |= capacity(server, write_wav(work / "speech.wav", settings["seconds"]), settings, report)
+        wav = write_wav(work / "speech.wav", settings["seconds"])
+        report.part("capacity", lambda: capacity(servers[0], wav, settings, report), needs=settings["seconds"] + 25)
     finally:
-        server.close()
+        servers[0].close()
         log = (work / "server.log").read_text()
         report.parts["server start"]["graphs_log"] = [line for line in log.splitlines() if "captured" in line][-1:]
         write(report.parts, report.out, report.dry_run)
@@ -461,34 +509,29 @@ def main() -> None:
 
 
 def run_parts(report: Report, settings: dict, work: Path) -> None:
-    device, folder = settings["device"], None
-    with report.part("machine") as rec:
-        rec |= machine(device)
-    with report.part("model") as rec:
-        folder = make_model(settings["model"], work)
-        rec["model"] = settings["model"]
-    if folder is None:
+    device = settings["device"]
+    report.part("machine", lambda: machine(device))
+    folder = work / settings["model"]
+    if not report.part("model", lambda: {"model": settings["model"], "folder": make_model(settings["model"], work)})["ok"]:
         return
     serve(report, folder, settings, work)
     print(verdict(report.parts), flush=True)
-    with report.part("ceiling", needs=30) as rec:
-        rec |= ceiling(folder, settings)
-    _free(device)
-    with report.part("beam ceiling", needs=20) as rec:
-        rec |= beam_ceiling(folder, settings)
-    _free(device)
-    with report.part("graphs vs eager", needs=60) as rec:
-        rec |= graphs_vs_eager(folder, settings)
-    _free(device)
-    for dtype in dict.fromkeys(("float32", settings["dtype"])):
-        with report.part(f"alone vs among {dtype}", needs=45) as rec:
-            rec |= alone_vs_among(folder, settings, dtype)
+    for name, needs, figures in (
+        ("ceiling", 30, lambda: ceiling(folder, settings)),
+        ("beam ceiling", 20, lambda: beam_ceiling(folder, settings)),
+        ("graphs vs eager", 60, lambda: graphs_vs_eager(folder, settings)),
+        *((f"alone vs among {dtype}", 45, partial(alone_vs_among, folder, settings, dtype))
+          for dtype in dict.fromkeys(("float32", settings["dtype"]))),
+        ("tests", 120, lambda: run_tests(settings["tests"], timeout=max(10.0, report.left()))),
+        ("precision", 60, lambda: precision(settings, device)),
+    ):
+        report.part(name, figures, needs=needs)
         _free(device)
-    with report.part("tests", needs=120) as rec:
-        rec |= run_tests(settings["tests"], timeout=max(10.0, report.left()))
-    with report.part("precision", needs=60) as rec:
-        worst = fixture_agreement(list(settings["precisions"]), device)
-        rec["fixture_agreement"] = {mode: min(v) for mode, v in worst.items()}
+
+
+def precision(settings: dict, device: str) -> dict:
+    worst = fixture_agreement(list(settings["precisions"]), device)
+    return {"fixture_agreement": {mode: min(v) for mode, v in worst.items()}}
 
 
 def _free(device: str) -> None:
@@ -512,8 +555,9 @@ def verdict(parts: dict) -> str:
     cap, start = parts.get("capacity", {}), parts.get("server start", {})
     if not cap.get("ok"):
         return f"gpu_check verdict: no capacity figure ({cap.get('error') or start.get('error')})"
+    stalled = f"; STALLED {cap['stalled']}" if cap.get("stalled") else ""
     return (f"gpu_check verdict: capacity {'at least ' if cap['at_least'] else ''}{cap['capacity']} streams at p95 <= "
-            f"{LAG_S * 1000:.0f} ms (chunk p95 {cap['chunk_p95_ms']} ms), start-up {start.get('ready_seconds')} s")
+            f"{LAG_S * 1000:.0f} ms (chunk p95 {cap['chunk_p95_ms']} ms), start-up {start.get('ready_seconds')} s{stalled}")
 
 
 def write(parts: dict, out: Path, dry_run: bool) -> None:

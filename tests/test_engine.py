@@ -195,7 +195,7 @@ def test_more_streams_than_slots_queue_in_order(eou_model, wavs):
         assert admitted_order == sids
         assert engine.stats() | {"audio_seconds": 0} == {
             "active": 0, "queued": 0, "free_slots": 2, "capacity": 2, "max_num_streams": 2, "max_queue": 3,
-            "audio_seconds": 0,
+            "audio_seconds": 0, "stalled": None,
         }
 
 
@@ -223,6 +223,41 @@ def test_worker_exception_fails_only_that_batch(eou_model, wavs, stage):
         assert bad_results[-1].error == "inference_error" and bad_results[-1].is_final
         assert [tokens_of(run_stream(engine, a)) for a in audios] == expected
         assert engine.stats()["free_slots"] == 4
+
+
+def test_a_stage_stalled_on_one_step_is_logged_and_unhealthy_until_it_goes_on(eou_model, wavs, caplog):
+    """A stage that never returns (a GPU kernel that never ends) raises nothing: the watchdog must say
+    which stage, on which step, and the engine's health must say so until it goes on."""
+    audio = varied_audios(wavs, 1)[0]
+    with ASREngine(eou_model, max_num_streams=4) as engine:
+        expected = tokens_of(run_stream(engine, audio))
+        engine.pipeline.stall_seconds = 0.3
+        runner, release = engine.runner, threading.Event()
+        real = runner.decode
+
+        def stuck(step):
+            release.wait(10)
+            return real(step)
+
+        runner.decode = stuck
+        sid = engine.create_stream()
+        engine.push_audio(sid, audio)
+        engine.finalize(sid)
+        deadline = time.monotonic() + 5
+        while engine.healthy() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stall = engine.stats()["stalled"]
+        assert not engine.healthy() and stall["stage"] == "decode" and stall["streams"] == 1, stall
+        assert stall["seconds"] >= 0.3 and stall["batches"] and stall["device_at"] is None  # no marks on CPU
+        time.sleep(1.2)  # the watchdog's look
+        runner.decode = real
+        release.set()
+        assert tokens_of(collect_until_final(engine, sid)) == expected
+        assert engine.healthy() and engine.stats()["stalled"] is None
+        time.sleep(1.2)
+    logged = [r.getMessage() for r in caplog.records if r.name == "parakeet_stream.engine.pipeline"]
+    assert sum("stalled: stage decode" in m for m in logged) == 1, logged
+    assert any("went on after a stall" in m for m in logged), logged
 
 
 def test_a_burst_of_idle_streams_is_admitted_at_the_pace_without_audio(eou_model):

@@ -7,8 +7,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,3 +67,33 @@ def test_the_wheel_fetcher_refuses_a_bad_python_version_before_touching_anything
     proc = subprocess.run(["bash", str(ROOT / "scripts/gpu_wheels.sh"), "banana"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "the GPU machine's Python version, e.g. 3.12; got 'banana'" in proc.stderr
+
+
+def test_a_stalled_server_is_named_in_the_verdict_and_the_gpu_parts_after_it_are_skipped(tmp_path, monkeypatch):
+    """A kernel that never ends outlives the server's process: every later GPU figure would be wrong."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_check
+
+    stall = {"stage": "decode", "thread": "decode", "seconds": 16.2, "streams": 40,
+             "batches": ["(70, 1) x 40"], "device_at": "encode (70, 1) x 40"}
+
+    class Stalling:  # the server's /health: fine once, then stalled
+        answers = iter([{"stalled": None}])
+
+        def health(self):
+            return next(self.answers, {"stalled": stall})
+
+    with gpu_check.HealthWatch(Stalling()) as watch:
+        time.sleep(1.5)  # one look during the level
+    assert watch.stall == stall
+    report = gpu_check.Report(time.monotonic() + 600, tmp_path / "check", dry_run=True)
+    report.stalled = gpu_check.describe_stall(256, stall)
+    report.part("machine", lambda: {"gpu": "none"})
+    report.part("ceiling", lambda: pytest.fail("a part after a stall must not run"), needs=30)
+    assert report.parts["machine"]["ok"] and not report.parts["ceiling"]["ok"]
+    assert "the server stalled (at 256 streams, decode on one step for 16.2 s" in report.parts["ceiling"]["error"]
+    report.parts["capacity"] = {"ok": True, "capacity": 128, "at_least": False, "chunk_p95_ms": 49.2,
+                                "stalled": report.stalled, "levels": []}
+    assert gpu_check.verdict(report.parts).endswith(
+        "; STALLED at 256 streams, decode on one step for 16.2 s (batches (70, 1) x 40, the GPU not past: "
+        "encode (70, 1) x 40)")

@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -338,6 +339,37 @@ async def test_health_ready_and_agent_in_every_state(tiny_model_dir):
             status, body = await ready(http)
             assert status == 503 and body["reason"] == "broken"
             assert await agent(ctx.config.ports["agent"]) == "down\n"
+
+
+async def test_health_says_broken_while_an_engine_stage_is_stalled(tiny_model_dir, wavs):
+    """A GPU that no longer answers leaves a stage waiting forever: the orchestrator must see it."""
+    with ASREngine(tiny_model_dir, max_num_streams=2) as engine:
+        engine.pipeline.stall_seconds = 0.3
+        runner, release = engine.runner, threading.Event()
+        real = runner.encode
+        runner.encode = lambda step: (release.wait(10), real(step))
+        try:
+            async with _server(engine) as ctx:
+                http, url = ctx.config.ports["http"], f"tcp://127.0.0.1:{ctx.config.ports['tcp']}"
+                async with Raw.open(url) as conn:
+                    for message in audio_messages(next(iter(wavs.values()))[:16000])[:-1]:
+                        await conn.send(message)
+                    with trio.fail_after(5):
+                        while (answer := await http_get(http, "/health"))[0] == 200:
+                            await trio.sleep(0.05)
+                    health = orjson.loads(answer[1])
+                    assert health["status"] == "broken" and health["stalled"]["stage"] == "encode", health
+                    assert await agent(ctx.config.ports["agent"]) == "down\n"
+                    _, metrics = await http_get(http, "/metrics")
+                    assert re.search(rb"^parakeet_stalled_seconds (0\.[3-9]|[1-9])", metrics, re.M), metrics[:300]
+                    runner.encode = real
+                    release.set()
+                    with trio.fail_after(5):
+                        while (answer := await http_get(http, "/health"))[0] != 200:
+                            await trio.sleep(0.05)
+                    assert orjson.loads(answer[1])["stalled"] is None
+        finally:
+            release.set()
 
 
 @asynccontextmanager

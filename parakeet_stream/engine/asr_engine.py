@@ -36,6 +36,7 @@ from .results import DecoderProgress, ResultBuilder, StreamResult
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 from .step import Step, StepTotals
+from .streams import device_at
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +246,9 @@ class ASREngine:
         return self._seq(sid).outbox.wait(timeout)
 
     def healthy(self) -> bool:
-        """The stage threads are running (False once one has died or the engine stopped)."""
-        return self._started and self.pipeline.alive()
+        """The stage threads are running and none is stalled on one step (pipeline.py): False once one
+        has died, while one is stalled, or after the engine stopped."""
+        return self._started and self.pipeline.alive() and self.pipeline.stalled() is None
 
     def latency_figures(self) -> dict[str, float]:
         """The latency target and what the Scheduler learned of the path around its steps (latency.py)."""
@@ -256,6 +258,8 @@ class ASREngine:
         out = self.scheduler.stats()
         with self._lock:
             out["audio_seconds"] = self._audio_seconds
+        stall = self.pipeline.stalled()
+        out["stalled"] = stall.as_dict() if stall else None
         return out
 
     def step_totals(self) -> StepTotals:
@@ -291,7 +295,8 @@ class ASREngine:
                       Stage("decode", tuple(decode), alone, partial(enter, "decode"))]
         else:  # on a CPU whose every core is in the encoder's team
             stages = [Stage("step", (pre_encode, encode, *decode), team)]
-        return Pipeline(schedule=self.scheduler.schedule, stages=stages, deliver=self._deliver, fail=self._fail)
+        return Pipeline(schedule=self.scheduler.schedule, stages=stages, deliver=self._deliver, fail=self._fail,
+                        device_at=device_at)
 
     def _results(self, step: Step) -> None:
         """Each chunk's result from its new tokens; a stream's last step adds its final result."""

@@ -121,6 +121,7 @@ class ModelRunner:
             rows = [(r, item, ws[r]) for r in range(max(map(len, windows)))  # frames' order: round by round
                     for item, ws in zip(items, windows) if r < len(ws)]
             x = self._subsample(mode, frames, [w for _, _, w in rows])
+            self.streams.mark(step, f"pre-encode {tuple(mode)} x {len(rows)}")
             start = 0
             for r in range(rows[-1][0] + 1):
                 end = start
@@ -139,10 +140,12 @@ class ModelRunner:
             self.cache.reset(slots)
             if self.prompts is not None:  # in place: the captured graphs read the pool
                 self.prompts[slots] = self._index([item.seq.prompt for item in first])
+            self.streams.mark(step, f"encoder cache reset x {len(first)}")
         for batch in step.batches:
             static = self.encoders.get(batch.mode)
             args = (batch.x, batch.lengths, batch.slots)
             batch.encoded = static(*args) if static else self._layers(*args, mode=batch.mode)
+            self.streams.mark(step, f"encode {tuple(batch.mode)} x {len(batch.items)}")
         self.streams.hand_on(step, "decode")
 
     def decode(self, step: Step) -> None:
@@ -155,6 +158,7 @@ class ModelRunner:
             for item in first:
                 self.boost.load(item.slot, item.seq.boosting)
             self._start_beams(first)
+            self.streams.mark(step, f"decoder state reset x {len(first)}")
         packed, plain = [], []
         for batch in step.batches:
             slots = [item.slot for item in batch.items]
@@ -162,12 +166,14 @@ class ModelRunner:
             if not boosted.any():  # the common case: no row to split off, no per-row work
                 packed.append(self._decode_greedy(batch.mode, batch.encoded, batch.lengths, batch.slots))
                 plain.append(batch.items)
+                self.streams.mark(step, f"greedy {tuple(batch.mode)} x {len(batch.items)}")
                 continue
             self._decode_beams(batch, np.flatnonzero(boosted), slots)
             if not boosted.all():
                 rows = np.flatnonzero(~boosted)
                 packed.append(self._decode_greedy(batch.mode, *self._rows(batch, rows)))
                 plain.append([batch.items[r] for r in rows])
+            self.streams.mark(step, f"greedy and beams {tuple(batch.mode)} x {len(batch.items)}")
         for items, rows in zip(plain, self._fetch(packed)):
             for item, found, eou in zip(items, unpack_scored(rows), eou_probabilities(rows)):
                 item.tokens.append(found)

@@ -6,6 +6,12 @@ from `schedule`; every thread runs its stages on the step, timing each under its
 `step.seconds`, and hands it to the next; after the last, `deliver` runs on the last thread. A
 stage that raises hands its step to `fail` instead, so only that step's streams fail. FIFO
 queues keep a stream's steps in order.
+
+A stage that never returns (a GPU kernel that never ends: the host waits on the device forever)
+fails no step and raises nothing, so a watchdog thread looks at every stage's run in progress:
+past `stall_seconds` on one step it logs the stage, the step's batches and, on CUDA, the first
+operation the device has not passed (the step's marks, streams.py), once per stall; `stalled()`
+says so to the engine's health.
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ log = logging.getLogger(__name__)
 # overlaps the next one's encode, and on CUDA the host prepares a step while the device runs the other.
 DEPTH = 2
 _STOP = object()
+# A stage's run on one step longer than this is a stall: no model step here takes seconds (a CPU
+# step of `large` at its largest batch takes about 2 s), and an orchestrator should restart a replica
+# whose device no longer answers rather than let its streams wait.
+STALL_SECONDS = 15.0
+WATCH_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -37,10 +48,34 @@ class Stage:
     setup: Callable[[], None] | None = None  # first thing in its thread (CUDA: the device and the stage's stream)
 
 
+@dataclass(frozen=True)
+class Stall:
+    """A stage's run on one step, going on for longer than the pipeline's `stall_seconds`."""
+
+    thread: str
+    stage: str
+    seconds: float
+    streams: int
+    batches: tuple[str, ...]  # "mode x rows", round by round
+    device_at: str | None  # CUDA: the first marked operation the device has not finished
+
+    def describe(self) -> str:
+        where = f"; the device has not finished: {self.device_at}" if self.device_at else ""
+        return (f"stage {self.stage} (thread {self.thread}) on one step for {self.seconds:.0f} s: {self.streams} "
+                f"stream(s), batches {', '.join(self.batches) or 'none yet'}{where}")
+
+    def as_dict(self) -> dict:
+        return {"stage": self.stage, "thread": self.thread, "seconds": round(self.seconds, 1), "streams": self.streams,
+                "batches": list(self.batches), "device_at": self.device_at}
+
+
 class Pipeline:
     def __init__(self, schedule: Callable[[], Step | None], stages: list[Stage],
-                 deliver: Callable[[Step], None], fail: Callable[[Step], None]):
-        self._deliver, self._fail = deliver, fail
+                 deliver: Callable[[Step], None], fail: Callable[[Step], None],
+                 device_at: Callable[[Step], str | None] = lambda step: None, stall_seconds: float = STALL_SECONDS):
+        self._deliver, self._fail, self._device_at = deliver, fail, device_at
+        self.stall_seconds = stall_seconds
+        self._busy: dict[str, tuple[str, Step, float]] = {}  # thread -> its run in progress (stage, step, since)
         queues = [queue.Queue() for _ in stages[1:]]
         takes = [schedule] + [q.get for q in queues]
         self._threads = [
@@ -51,6 +86,7 @@ class Pipeline:
     def start(self) -> None:
         for t in self._threads:
             t.start()
+        threading.Thread(target=self._watch, name="watchdog", daemon=True).start()
 
     def join(self, timeout: float) -> None:
         """After `schedule` returned None: each thread passes the stop on and ends."""
@@ -59,6 +95,29 @@ class Pipeline:
 
     def alive(self) -> bool:
         return all(t.is_alive() for t in self._threads)
+
+    def stalled(self) -> Stall | None:
+        """The longest run in progress past `stall_seconds`, or None."""
+        now = time.perf_counter()
+        runs = sorted(((since, thread, stage, step) for thread, (stage, step, since) in list(self._busy.items())),
+                      key=lambda run: run[0])
+        if not runs or now - runs[0][0] < self.stall_seconds:
+            return None
+        since, thread, stage, step = runs[0]
+        batches = tuple(f"{tuple(b.mode)} x {len(b.items)}" for b in step.batches)
+        return Stall(thread, stage, now - since, len(step), batches, self._device_at(step))
+
+    def _watch(self) -> None:
+        """Logs each stall once, and its end."""
+        reported: Stall | None = None
+        while any(t.is_alive() for t in self._threads):
+            time.sleep(WATCH_INTERVAL_S)
+            stall = self.stalled()
+            if stall is not None and (reported is None or (stall.thread, stall.stage) != (reported.thread, reported.stage)):
+                log.error("stalled: %s", stall.describe())
+            elif stall is None and reported is not None:
+                log.warning("stage %s went on after a stall of more than %.0f s", reported.stage, reported.seconds)
+            reported = stall
 
     def _loop(self, stage: Stage, take: Callable, out: queue.Queue | None) -> None:
         if stage.threads is not None:  # per thread: on CPU each thread has its own OpenMP team
@@ -78,12 +137,15 @@ class Pipeline:
                 with torch.inference_mode():
                     for name, run in stage.runs:
                         start = time.perf_counter()
+                        self._busy[stage.name] = (name, step, start)
                         run(step)
                         step.seconds[name] = time.perf_counter() - start
             except Exception as exc:  # noqa: BLE001 - a model fault must not kill the thread
                 log.error("inference failed for %d stream(s): %r", len(step), exc)
                 self._fail(step)
                 continue
+            finally:
+                self._busy.pop(stage.name, None)
             if out is not None:
                 out.put(step)
             else:

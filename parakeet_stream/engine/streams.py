@@ -2,7 +2,10 @@
 stages follow each other through an event the previous stage recorded on it. So the device runs
 one step's decode beside the next one's encode, and no stage waits on the host for another.
 
-On CPU there is nothing to order: every method does nothing.
+Each stage also marks its operations on a step (an event after each): where a stage waits on the
+device forever, the first mark the device has not passed names the operation that never ended.
+
+On CPU there is nothing to order or mark: every method does nothing.
 """
 
 from __future__ import annotations
@@ -38,3 +41,15 @@ class StageStreams:
                     t.record_stream(self._streams[to])
             step.done = torch.cuda.Event()
             step.done.record(torch.cuda.current_stream(self.device))
+
+    def mark(self, step: Step, operation: str) -> None:
+        """After `operation`'s work was queued on this stage's stream: an event the device passes when done."""
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+            step.marks.append((operation, event))
+
+
+def device_at(step: Step) -> str | None:
+    """The first of the step's marked operations the device has not finished (None: all, or no marks)."""
+    return next((operation for operation, event in list(step.marks) if not event.query()), None)

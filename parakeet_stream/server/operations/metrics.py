@@ -35,6 +35,8 @@ class EngineCollector:
         yield GaugeMetricFamily("parakeet_capacity_streams", "Live streams the measured step cost serves in real time",
                                 stats["capacity"])
         yield GaugeMetricFamily("parakeet_max_num_streams", "Engine slots in all", stats["max_num_streams"])
+        yield GaugeMetricFamily("parakeet_stalled_seconds", "How long a stage has been on one step, once past the "
+                                "stall limit (0: no stall)", (stats["stalled"] or {}).get("seconds", 0))
         yield CounterMetricFamily(
             "parakeet_audio_seconds", "Seconds of audio processed by the engine", stats["audio_seconds"]
         )
