@@ -59,6 +59,9 @@ async def test_cli_config_ready_line_and_health(server_process):
     status, body = await http_get(server_process.ports["http"], "/health")
     health = orjson.loads(body)
     assert status == 200 and health["status"] == "ok" and health["ports"] == server_process.ports
+    start = health["start"]  # where start-up time goes, phase by phase, through the engine process's hello
+    assert list(start["phases"]) == ["load", "precision", "memory", "pools", "capture"]
+    assert 0 < sum(start["phases"].values()) <= start["seconds"] + 0.05 and start["cuda_graphs"] == 0
 
 
 async def test_metrics_count_the_engines_steps_chunks_and_seconds_per_stage(engine, sentence):

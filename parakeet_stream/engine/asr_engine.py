@@ -65,11 +65,14 @@ class ASREngine:
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
         started = time.monotonic()
+        lap = _Laps()
         self.device = torch.device(device)
         check_precision(self.device, dtype, quantize)  # before any weights move
         if not isinstance(model, ParakeetModel):
             model = load_model(model, self.device)
+        lap("load")
         self.model = set_precision(model, dtype, quantize)
+        lap("precision")
         self.device = model.features.fb.device  # with its index: what CUDA calls need ("cuda" -> "cuda:0")
         self.default_lookahead = self._check_lookahead(lookahead or model.cfg.default_lookahead)
         self.languages = Languages(tuple(model.cfg.prompt.languages) if model.cfg.prompt else ())
@@ -81,9 +84,12 @@ class ASREngine:
             max_num_streams = auto_num_streams(model, self.device, model.encoder_dtype)
         self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_target, self.sample_rate, max_batch,
                                    max_in_flight=DEPTH, lead=self._first_chunk_seconds(model))
+        lap("memory")
         self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch, cuda_graphs,
                                   self.default_lookahead)
+        lap("pools")
         self.runner.capture()  # before the stage threads run: a capture must not overlap their work
+        lap("capture")
         tok = model.tokenizer
         endpoint_frames = max(1, round(endpoint_seconds / model.frame_seconds))
         self.results = ResultBuilder(model.frame_seconds, tok.eou_id if tok else None, endpoint_frames,
@@ -107,9 +113,12 @@ class ASREngine:
             precision=model.precision,
             start_seconds=round(time.monotonic() - started, 2),
             cuda_graphs=self.runner.graph_count,
+            start_phases=lap.seconds,
             languages=self.languages.names,
             default_language=self.languages.default,
         )
+        log.info("engine ready in %.1f s (%s)", self.info.start_seconds,
+                 ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in lap.seconds.items()))
 
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> "ASREngine":
@@ -339,6 +348,19 @@ class ASREngine:
         if seq is None:
             raise EngineError("unknown_stream", f"no stream {sid}")
         return seq
+
+
+class _Laps:
+    """Seconds of each phase of the engine's start-up, in order (each call ends one)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def __call__(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase] = round(now - self._last, 2)
+        self._last = now
 
 
 def _notify(seqs: list[Sequence]) -> None:

@@ -263,6 +263,7 @@ def _info(hello: Hello) -> EngineInfo:
         precision=hello.precision,
         start_seconds=hello.start_seconds,
         cuda_graphs=hello.cuda_graphs,
+        start_phases=dict(hello.start_phases),
         languages=tuple(hello.languages),
         default_language=hello.default_language,
     )

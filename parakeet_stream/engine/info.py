@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..model.config import Lookahead
 from ..model.precision_check import PrecisionChoice
@@ -21,6 +21,7 @@ class EngineInfo:
     precision: PrecisionChoice  # the encoder's precision, and why (--dtype auto: the measured check)
     start_seconds: float  # from the engine's construction to ready: loading, precision check, graph capture
     cuda_graphs: int  # graphs captured at start-up (0: none, eager)
+    start_phases: dict[str, float] = field(default_factory=dict)  # seconds: load, memory, pools, capture
     languages: tuple[str, ...] = ()  # a multilingual model's languages ("en-US", ..., "auto"); none for the others
     default_language: str | None = None  # what a stream that names none gets
 

@@ -58,6 +58,7 @@ class Hello(msgspec.Struct, tag=10, array_like=True):
     precision: PrecisionChoice
     start_seconds: float
     cuda_graphs: int
+    start_phases: dict[str, float] = {}
     languages: list[str] = []
     default_language: str | None = None
 

@@ -218,6 +218,7 @@ def hello(engine: ASREngine) -> Hello:
         precision=info.precision,
         start_seconds=info.start_seconds,
         cuda_graphs=info.cuda_graphs,
+        start_phases=info.start_phases,
         languages=list(info.languages),
         default_language=info.default_language,
     )

@@ -180,7 +180,8 @@ def health(ctx: ServerContext) -> dict:
         "ports": ctx.config.ports,
         "connections": ctx.open_sessions,
         "precision": ctx.engine.info.precision.summary(),
-        "start": {"seconds": ctx.engine.info.start_seconds, "cuda_graphs": ctx.engine.info.cuda_graphs},
+        "start": {"seconds": ctx.engine.info.start_seconds, "cuda_graphs": ctx.engine.info.cuda_graphs,
+                  "phases": ctx.engine.info.start_phases},
         "latency": ctx.engine.latency_figures(),
         **ctx.engine.stats(),
     }
