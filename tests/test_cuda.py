@@ -7,7 +7,7 @@ scripts/gpu_check.sh runs first on a new GPU machine.
 - graphs are all captured before serving: 32 mixed-mode streams pushed from threads, no inference_error;
 - a steady-state step syncs the host only to fetch its tokens;
 - float16 / bfloat16 activations finite in every layer; float32 without TF32, token-exact with CPU;
-- every stage thread on the engine's device.
+- every stage thread on the engine's device; each stage's graphs captured on its own stream.
 """
 
 from __future__ import annotations
@@ -165,6 +165,18 @@ def test_every_stage_thread_runs_on_the_engines_device(eou_model, wavs):
         run_stream(engine, wavs["sentence"])
     assert {device for device, _ in seen.values()} == {index}
     assert len({stream for _, stream in seen.values()}) == 3  # a stream per stage
+
+
+def test_each_stages_graphs_are_captured_on_the_stream_that_replays_them(nemotron_model):
+    """A captured GEMM keeps its capture stream's cuBLAS workspace: graphs captured on one stream and
+    replayed side by side on the stage streams would race in one workspace (cuda_graphs.py)."""
+    runner = runner_on(nemotron_model, "cuda")
+    stages = {"pre-encode": [runner.pre_encoders], "encode": [runner.encoders],
+              "decode": [runner.decoders, runner.beam_decoders]}
+    for stage, groups in stages.items():
+        stream = runner.streams.stream(stage)
+        assert all(static.stream is stream and static._graphs for group in groups for static in group.values()), stage
+    assert len({runner.streams.stream(stage).cuda_stream for stage in stages}) == 3
 
 
 def test_auto_sizing_fits_after_every_graph_is_captured(eou_model):

@@ -11,6 +11,12 @@ its static inputs. Rules that keep it right:
   and in "global" mode another thread's allocation during a capture is an error.
 - The sizes of one function share one set of static tensors (views of the largest) and the
   graphs of one CUDA stream share one memory pool (replays on one stream never overlap).
+- Each graph is captured on the stream that replays it (its stage's). A captured GEMM keeps the
+  cuBLAS workspace of the stream it was captured on, so graphs replayed at once on different
+  streams must come from different capture streams: captured on one (torch's default capture
+  stream), the pre-encode, encode and decode graphs would share one workspace while they run side by
+  side, and GEMMs racing in it give wrong sums or, where a split GEMM waits on its counters there,
+  a kernel that never ends.
 - Rows past the batch (padding) get the values of `padding` (a zero length, the scratch slot
   past the real ones), so they touch no stream's state.
 - What a call returns is a copy: the static output is overwritten by the next replay, which may
@@ -93,8 +99,11 @@ class StaticBatches:
     """
 
     def __init__(self, name: str, fn: Callable, inputs: Callable[[int], tuple[torch.Tensor, ...]],
-                 padding: tuple, max_batch: int, graphs: bool, pool=None, sizes: list[int] | None = None):
+                 padding: tuple, max_batch: int, graphs: bool, pool=None, sizes: list[int] | None = None,
+                 stream: torch.cuda.Stream | None = None):
+        """pool, stream: the memory pool and the stream of the stage that replays the graphs (CUDA)."""
         self.name, self.fn, self.padding, self.graphs, self.pool = name, fn, padding, graphs, pool
+        self.stream = stream
         self.sizes = sizes or graph_sizes(max_batch)
         self.static = tuple(t.clone() for t in inputs(max_batch))
         for t, pad in zip(self.static, padding):
@@ -138,13 +147,13 @@ class StaticBatches:
             self._keep(size, self.fn(*views, guard=unconditional))
             return
         device = self.static[0].device
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm-up, the captured ops: memoised tables, cuBLAS workspaces, lazy loads
+        stream = self.stream or torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # warm-up, the captured ops: memoised tables, cuBLAS workspaces, lazy loads
             self._keep(size, self.fn(*views, guard=unconditional))
-        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
             self.out[:size].copy_(self.fn(*views, guard=guard))
         self._graphs[size] = graph
 

@@ -265,9 +265,11 @@ class ModelRunner:
 
     def _static_batches(self) -> None:
         """Pre-encode, the encoder layers and the greedy pass of every mode as static batches; the graphs of each
-        stage share one memory pool (a stage's replays never overlap: they run on its one stream)."""
+        stage are captured on its stream and share one memory pool (a stage's replays never overlap: they run
+        on its one stream; cuda_graphs.py says why the stream matters)."""
         cuda = self.device.type == "cuda"
-        pools = {stage: torch.cuda.graph_pool_handle() if cuda else None for stage in STAGES}
+        lanes = {stage: {"pool": torch.cuda.graph_pool_handle(), "stream": self.streams.stream(stage)} if cuda else {}
+                 for stage in STAGES}
         d, scratch, n_mels = self.model.cfg.encoder.d_model, self.slots, self.model.cfg.features.n_mels
         # Fine sizes for the plain batches of the main mode (most streams); the other modes' batches and
         # those with key phrases (the few) pad to powers of two: a third of the graphs to capture.
@@ -286,7 +288,8 @@ class ModelRunner:
 
             # pre-encode's rows are independent: padding rows are zero frames, every one valid
             self.pre_encoders[mode] = StaticBatches(f"pre-encode {mode}", partial(self._pre_encode, mode=mode), windows,
-                                                    (None, spec.window, 0), self.max_batch, cuda, pools["pre-encode"], quarter)
+                                                    (None, spec.window, 0), self.max_batch, cuda, sizes=quarter,
+                                                    **lanes["pre-encode"])
 
             def inputs(n: int, dtype: torch.dtype, frames=frames):
                 rows = torch.zeros(n, dtype=torch.long, device=self.device)
@@ -295,12 +298,12 @@ class ModelRunner:
             padding = (None, 0, scratch)  # padding rows: no valid frame, the scratch slot
             self.encoders[mode] = StaticBatches(f"encode {mode}", partial(self._layers, mode=mode),
                                                 partial(inputs, dtype=self.model.encoder_dtype), padding,
-                                                self.max_batch, cuda, pools["encode"], sizes)
+                                                self.max_batch, cuda, sizes=sizes, **lanes["encode"])
             self.decoders[mode] = StaticBatches(f"decode {mode}", self._greedy, partial(inputs, dtype=torch.float32),
-                                                padding, self.max_batch, cuda, pools["decode"], sizes)
+                                                padding, self.max_batch, cuda, sizes=sizes, **lanes["decode"])
             self.beam_decoders[mode] = StaticBatches(f"decode+phrases {mode}", self._beam,
                                                         partial(inputs, dtype=torch.float32), padding,
-                                                        self.max_batch, cuda, pools["decode"], coarse)
+                                                        self.max_batch, cuda, sizes=coarse, **lanes["decode"])
 
     def _index(self, values: list[int]) -> torch.Tensor:
         """Host integers on the device, without a blocking copy."""

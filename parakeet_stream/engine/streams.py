@@ -21,6 +21,10 @@ class StageStreams:
         self.cuda = device.type == "cuda"
         self._streams = {name: torch.cuda.Stream(device) for name in stages} if self.cuda else {}
 
+    def stream(self, stage: str) -> torch.cuda.Stream:
+        """The stage's stream (CUDA only): where its graphs are captured and replayed."""
+        return self._streams[stage]
+
     def enter(self, stage: str) -> None:
         """First thing in a stage's thread: the engine's device (not device 0) and the stage's stream."""
         if self.cuda:
