@@ -317,7 +317,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
             host.copy_(flat, non_blocking=True)
-            copied = torch.cuda.Event()
+            copied = torch.cuda.Event(blocking=True)  # the thread sleeps while the step runs (CUDA would spin a core)
             copied.record()
             copied.synchronize()
             flat = host
