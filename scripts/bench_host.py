@@ -69,15 +69,15 @@ class StandIn:
             spec = model.encoder.chunk_spec(mode)
             return torch.zeros(feats.size(0), spec.out_frames, d), torch.full((feats.size(0),), spec.out_frames)
 
-        def layers(x, lengths, slots, mode, guard=None):
+        def layers(x, lengths, slots, mode, fixed=False):
             self.wait("encode", x.size(0))
             return x
 
-        def greedy(enc, lengths, slots, guard=None):
+        def greedy(enc, lengths, slots, fixed=False):
             self.wait("decode", enc.size(0))
             width = enc.size(1) * model.decoder.cfg.max_symbols + 1
-            out = torch.zeros(enc.size(0), 1 + 3 * width, dtype=torch.int32)
-            out[:, 0], out[:, 1] = 1, TOKEN
+            out = torch.zeros(enc.size(0), 3 + 3 * width, dtype=torch.int32)  # GreedyPass.scored()'s layout
+            out[:, 0], out[:, 1], out[:, -1] = 1, TOKEN, 1  # one label, the pass finished
             out[:, 1 + 2 * width] = torch.tensor([1.0]).view(torch.int32)
             return out
 

@@ -8,7 +8,7 @@ prints one verdict line: "capacity N streams at p95 <= 320 ms (chunk p95 X ms), 
 
 Parts, in the order of what they answer; each is timed and recorded, one that fails does not stop
 the others, and every part after the capacity runs only while time is left:
-1. machine: torch, CUDA, the GPU and its memory, bfloat16, CUDA-graph conditional nodes;
+1. machine: torch, CUDA, the GPU and its memory, bfloat16;
 2. model: random-weight `large` made on the spot (scripts/random_model.py);
 3. server: the real server (`parakeet-serve`, graphs on, bfloat16, `--max-num-streams auto`, 160 ms
    chunks) under the TCP load client (benchmarks/vs_parakeet_streaming/loadgen.py, spread over
@@ -55,7 +55,6 @@ from bench_engine import speech  # noqa: E402
 from precision_report import fixture_agreement  # noqa: E402
 from random_model import build  # noqa: E402
 from parakeet_stream.engine import ASREngine  # noqa: E402
-from parakeet_stream.engine.cuda_graphs import loop_guard, unconditional  # noqa: E402
 from parakeet_stream.engine.phrases import boosting_tree, check_phrases  # noqa: E402
 from parakeet_stream.host import single_threaded_host  # noqa: E402
 from parakeet_stream.tools.convert import convert  # noqa: E402
@@ -114,8 +113,7 @@ def machine(device: str) -> dict:
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         out |= {"gpu": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
-                "capability": f"{props.major}.{props.minor}", "bf16": torch.cuda.is_bf16_supported(),
-                "conditional_nodes": loop_guard(torch.device("cuda")) is not unconditional}
+                "capability": f"{props.major}.{props.minor}", "bf16": torch.cuda.is_bf16_supported()}
     return out
 
 
@@ -381,7 +379,7 @@ def beam_ceiling(folder: Path, settings: dict) -> dict:
         for b in settings["batches"]:
             enc, lengths, slots = _encoded(engine, mode_160ms(engine), b)()
             runner.beams.reset(slots)
-            rows[b] = _median_ms(lambda: runner._beam(enc, lengths, slots, guard=unconditional), runner.device)
+            rows[b] = _median_ms(lambda: runner._beam(enc, lengths, slots, fixed=True), runner.device)
     return {"decode_ms": rows}
 
 
@@ -569,7 +567,7 @@ def write(parts: dict, out: Path, dry_run: bool) -> None:
 def markdown(parts: dict) -> str:
     m, start = parts.get("machine", {}), parts.get("server start", {})
     lines = [f"GPU check: {m.get('gpu', m.get('device'))}, {m.get('memory_gib', '-')} GiB, torch {m.get('torch')} "
-             f"(CUDA {m.get('cuda')}), conditional nodes: {m.get('conditional_nodes', '-')}; model "
+             f"(CUDA {m.get('cuda')}); model "
              f"{parts.get('model', {}).get('model')}; server ready in {start.get('ready_seconds')} s "
              f"(engine {start.get('engine_start')}), slots {start.get('slots')}, worker processes "
              f"{start.get('workers')}", "", verdict(parts), "",

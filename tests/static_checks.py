@@ -14,7 +14,7 @@ import copy
 import torch
 
 from parakeet_stream.engine.model_runner import ModelRunner
-from parakeet_stream.model.greedy import GreedyPass, unpack, unpack_scored
+from parakeet_stream.model.greedy import GreedyPass, unfinished, unpack, unpack_scored
 from parakeet_stream.model.precision import set_precision
 from parakeet_stream.model.rnnt import DecoderState
 
@@ -78,14 +78,15 @@ def check_encoder(runner: ModelRunner, mode, atol: float = 1e-4) -> int:
 
 
 @torch.inference_mode()
-def check_decoder(runner: ModelRunner, mode, steps: int = 10, blank_bias: float = -2.0) -> int:
-    """Returns the labels emitted. `blank_bias` is added to the joint's blank logit (negative: more labels)."""
+def check_decoder(runner: ModelRunner, mode, steps: int = 10, blank_bias: float = -2.0) -> tuple[int, int]:
+    """Returns the labels emitted and the rows the static pass left unfinished (decoded again as
+    the runner does). `blank_bias` is added to the joint's blank logit (negative: more labels)."""
     decoder, dev = runner.model.decoder, runner.device
     frames = runner.model.encoder.chunk_spec(mode).out_frames
     eager = copy.deepcopy(runner.decoder_state)
     _poison_scratch(runner)
     gen = torch.Generator().manual_seed(2)
-    emitted = 0
+    emitted = redone = 0
     with torch.no_grad():
         decoder.joint.out.bias[-1] += blank_bias
     try:
@@ -94,8 +95,11 @@ def check_decoder(runner: ModelRunner, mode, steps: int = 10, blank_bias: float 
             enc = torch.randn(n, frames, runner.model.cfg.encoder.d_model, generator=gen).to(dev)
             lengths = torch.randint(0, frames + 1, (n,), generator=gen).to(dev)
             slots = slots.to(dev)
+            passes = [(mode, enc, lengths, slots)]
+            fetched = runner._fetch([runner.decoders[mode](enc, lengths, slots)])
+            redone += unfinished(fetched[0]).size
             ours = [[(label, frame) for label, frame, _ in stream]
-                    for stream in unpack_scored(runner.decoders[mode](enc, lengths, slots).cpu().numpy())]
+                    for stream in unpack_scored(runner._finish(passes, fetched)[0])]
             done = GreedyPass(decoder, enc, lengths, eager.gather(slots)).run()
             eager.scatter(slots, DecoderState(*done.state()))
             assert ours == unpack(done.packed().cpu().numpy()), (mode, k)
@@ -108,4 +112,4 @@ def check_decoder(runner: ModelRunner, mode, steps: int = 10, blank_bias: float 
     finally:
         with torch.no_grad():
             decoder.joint.out.bias[-1] -= blank_bias
-    return emitted
+    return emitted, redone

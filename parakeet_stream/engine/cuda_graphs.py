@@ -29,16 +29,13 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
 from ..model.device import next_size
 
 log = logging.getLogger(__name__)
-
-Guard = Callable[[torch.Tensor], AbstractContextManager]
 
 
 def graph_sizes(max_batch: int, dense: int = 64) -> list[int]:
@@ -53,49 +50,13 @@ def graph_sizes(max_batch: int, dense: int = 64) -> list[int]:
     return sizes + [max_batch]
 
 
-@contextmanager
-def if_node(pred: torch.Tensor) -> Iterator[None]:
-    """Under a capture: what runs inside is a conditional node, executed only where `pred` (a bool on
-    the device) is true at replay (CUDA >= 12.4)."""
-    graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
-    graph.begin_capture_to_if_node(pred)
-    try:
-        yield
-    finally:
-        graph.end_capture_to_conditional_node()
-
-
-def unconditional(pred: torch.Tensor):
-    """The guard where conditional nodes are missing: every iteration runs (on no active row it changes nothing)."""
-    return nullcontext()
-
-
-def loop_guard(device: torch.device) -> Guard:
-    """`if_node` where this CUDA build and driver capture conditional nodes (probed on a tiny graph), else
-    `unconditional`."""
-    try:
-        flag = torch.ones((), dtype=torch.bool, device=device)
-        x = torch.zeros(1, device=device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            with if_node(flag):
-                x.add_(1)
-        graph.replay()
-        flag.fill_(False)
-        graph.replay()
-        if x.item() == 1.0:
-            return if_node
-    except (RuntimeError, AttributeError) as exc:
-        log.warning("CUDA graphs without conditional nodes (%s): decode loops run every iteration", exc)
-    return unconditional
-
-
 class StaticBatches:
-    """`fn(*inputs, guard=...)` over row batches, at the sizes of `graph_sizes(max_batch)`.
+    """`fn(*inputs, fixed=...)` over row batches, at the sizes of `graph_sizes(max_batch)`.
 
     `inputs(n)` makes example inputs of n rows (their shapes and dtypes are the static ones);
     `padding` gives, per input, the value of padding rows (None: left as they are). `fn` returns one
-    tensor with a row per input row; `guard` is what it wraps a data-dependent loop's iterations in.
+    tensor with a row per input row; with `fixed=True` (captured, or its stand-in) its loops run a
+    fixed number of times, with `fixed=False` (a batch past the largest size) as the data needs.
     """
 
     def __init__(self, name: str, fn: Callable, inputs: Callable[[int], tuple[torch.Tensor, ...]],
@@ -114,11 +75,11 @@ class StaticBatches:
         self.replays = self.eager_calls = 0
         self.capture_seconds = 0.0
 
-    def capture(self, guard: Guard = if_node) -> None:
+    def capture(self) -> None:
         """Every size, largest first (the static output is sized by the largest)."""
         start = time.perf_counter()
         for size in reversed(self.sizes):
-            self._capture(size, guard)
+            self._capture(size)
         self.capture_seconds = time.perf_counter() - start
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -126,7 +87,7 @@ class StaticBatches:
         size = next((s for s in self.sizes if s >= n), None)
         if size is None or self.out is None:  # beyond the largest size, or before `capture`: eager
             self.eager_calls += 1
-            return self.fn(*inputs, guard=None)
+            return self.fn(*inputs, fixed=False)
         for static, value, pad in zip(self.static, inputs, self.padding):
             static[:n].copy_(value, non_blocking=True)
             if pad is not None:
@@ -139,22 +100,22 @@ class StaticBatches:
         if self.graphs:
             self._graphs[size].replay()
         else:  # the eager stand-in: the same static tensors in and out, the same fixed-shape loops
-            self.out[:size].copy_(self.fn(*(t[:size] for t in self.static), guard=unconditional))
+            self.out[:size].copy_(self.fn(*(t[:size] for t in self.static), fixed=True))
 
-    def _capture(self, size: int, guard: Guard) -> None:
+    def _capture(self, size: int) -> None:
         views = tuple(t[:size] for t in self.static)
         if not self.graphs:
-            self._keep(size, self.fn(*views, guard=unconditional))
+            self._keep(size, self.fn(*views, fixed=True))
             return
         device = self.static[0].device
         stream = self.stream or torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):  # warm-up, the captured ops: memoised tables, cuBLAS workspaces, lazy loads
-            self._keep(size, self.fn(*views, guard=unconditional))
+            self._keep(size, self.fn(*views, fixed=True))
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
-            self.out[:size].copy_(self.fn(*views, guard=guard))
+            self.out[:size].copy_(self.fn(*views, fixed=True))
         self._graphs[size] = graph
 
     def _keep(self, size: int, result: torch.Tensor) -> None:

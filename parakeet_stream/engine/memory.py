@@ -19,7 +19,6 @@ from ..model.boosting import BoostPool
 from ..model.conformer import EncoderCache
 from ..model.greedy import GreedyPass
 from ..model.parakeet import ParakeetModel
-from .cuda_graphs import unconditional
 from .phrases import BEAM, LIMITS
 from .pipeline import DEPTH
 
@@ -84,7 +83,7 @@ def stream_bytes(model: ParakeetModel, probe: int = 32) -> int:
         frames = torch.full((probe,), spec.window, device=device)
         x, lengths = enc.stream_pre_encode(feats, frames, torch.zeros_like(frames), mode)
         out = enc.stream_layers(x, lengths, cache, slots, mode)
-        GreedyPass(model.decoder, out.float(), lengths, state.gather(slots)).run(unconditional)
+        GreedyPass(model.decoder, out.float(), lengths, state.gather(slots)).run(fixed=True)
         torch.cuda.synchronize(device)
         worst = max(worst, torch.cuda.max_memory_allocated(device) - base)
     return -(-worst // probe)

@@ -20,6 +20,8 @@ import logging
 from collections import defaultdict
 from contextlib import nullcontext
 from functools import partial
+from itertools import groupby
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -29,12 +31,12 @@ from ..model.beam import BeamPass, BeamPool
 from ..model.boosting import BoostPool, word_starts
 from ..model.config import Lookahead
 from ..model.conformer import EncoderCache
-from ..model.greedy import GreedyPass, eou_probabilities, unpack_scored
+from ..model.greedy import GreedyPass, eou_probabilities, unfinished, unpack_scored
 from ..model.parakeet import ParakeetModel
 from ..model.rnnt import DecoderState
 from . import chunker, phrases
 from .chunker import Window
-from .cuda_graphs import StaticBatches, graph_sizes, loop_guard, unconditional
+from .cuda_graphs import StaticBatches, graph_sizes
 from .beams import BeamCommits
 from .step import Batch, Step, StepItem
 from .streams import StageStreams
@@ -92,10 +94,9 @@ class ModelRunner:
 
     def capture(self) -> None:
         """Capture every CUDA graph (every mode, every size), before the stage threads start."""
-        guard = loop_guard(self.device) if self.device.type == "cuda" else unconditional
         with torch.inference_mode(), _on(self.device):
             for static in self.static_batches:
-                static.capture(guard)
+                static.capture()
         if self.graphs:
             log.info("captured %d graphs in %.1f s: %s", self.graph_count, sum(s.capture_seconds for s in self.static_batches),
                      ", ".join(f"{s.name} {len(s.sizes)} in {s.capture_seconds:.1f} s" for s in self.static_batches))
@@ -127,9 +128,9 @@ class ModelRunner:
                 end = start
                 while end < len(rows) and rows[end][0] == r:
                     end += 1
-                batches.append((r, self._batch(mode, rows[start:end], x[start:end])))
+                batches.append(self._batch(mode, rows[start:end], x[start:end]))
                 start = end
-        step.batches = [batch for _, batch in sorted(batches, key=lambda rb: rb[0])]
+        step.batches = sorted(batches, key=attrgetter("round"))
         self.streams.hand_on(step, "encode")
 
     def encode(self, step: Step) -> None:
@@ -159,35 +160,59 @@ class ModelRunner:
                 self.boost.load(item.slot, item.seq.boosting)
             self._start_beams(first)
             self.streams.mark(step, f"decoder state reset x {len(first)}")
-        packed, plain = [], []
-        for batch in step.batches:
+        for _, batches in groupby(step.batches, key=attrgetter("round")):
+            self._decode_round(step, list(batches))
+        if self.commits.streams:  # no loop over the step where no stream has phrases
+            for item in step:
+                if item.last and item.live and item.slot in self.commits:
+                    item.final_tokens = self.commits.finish(item.slot)
+
+    def _decode_round(self, step: Step, batches: list[Batch]) -> None:
+        """One round's batches (a stream's chunk each), their labels on the host before the next
+        round's: a row a bounded pass left unfinished is decoded again before its stream's next chunk."""
+        passes, packed, plain = [], [], []
+        for batch in batches:
             slots = [item.slot for item in batch.items]
             boosted = self.boost.has_phrases(slots)
             if not boosted.any():  # the common case: no row to split off, no per-row work
-                packed.append(self._decode_greedy(batch.mode, batch.encoded, batch.lengths, batch.slots))
+                passes.append((batch.mode, batch.encoded, batch.lengths, batch.slots))
+                packed.append(self._decode_greedy(*passes[-1]))
                 plain.append(batch.items)
                 self.streams.mark(step, f"greedy {tuple(batch.mode)} x {len(batch.items)}")
                 continue
             self._decode_beams(batch, np.flatnonzero(boosted), slots)
             if not boosted.all():
                 rows = np.flatnonzero(~boosted)
-                packed.append(self._decode_greedy(batch.mode, *self._rows(batch, rows)))
+                passes.append((batch.mode, *self._rows(batch, rows)))
+                packed.append(self._decode_greedy(*passes[-1]))
                 plain.append([batch.items[r] for r in rows])
             self.streams.mark(step, f"greedy and beams {tuple(batch.mode)} x {len(batch.items)}")
-        for items, rows in zip(plain, self._fetch(packed)):
+        for items, rows in zip(plain, self._finish(passes, self._fetch(packed))):
             for item, found, eou in zip(items, unpack_scored(rows), eou_probabilities(rows)):
                 item.tokens.append(found)
                 item.eou.append(eou)
-        if self.commits.streams:  # no loop over the step where no stream has phrases
-            for item in step:
-                if item.last and item.live and item.slot in self.commits:
-                    item.final_tokens = self.commits.finish(item.slot)
 
     def _decode_greedy(self, mode: Lookahead, enc, lengths, slots) -> torch.Tensor:
         static = self.decoders.get(mode)
         if static:  # its static input is float32: the copy in casts
             return static(enc, lengths, slots)
         return self._greedy(enc.float(), lengths, slots)
+
+    def _finish(self, passes: list[tuple], fetched: list[np.ndarray]) -> list[np.ndarray]:
+        """Each greedy pass's labels on the host, the rows a bounded pass (static batches) left
+        unfinished decoded again, eagerly from their state before it: a second wait in the step, only
+        where a chunk had more labels than `fixed_iterations` allows for (model/greedy.py)."""
+        redo = [(i, rows) for i, found in enumerate(fetched) if (rows := unfinished(found)).size]
+        if redo:
+            again = self._fetch([self._greedy_rows(passes[i], rows) for i, rows in redo])
+            for (i, rows), found in zip(redo, again):
+                fetched[i][rows] = found
+        return fetched
+
+    def _greedy_rows(self, batch_pass: tuple, rows: np.ndarray) -> torch.Tensor:
+        _, enc, lengths, slots = batch_pass
+        at = self._index(rows.tolist())
+        return self._greedy(enc[at].float(), lengths[at], slots[at])
 
     def _decode_beams(self, batch: Batch, rows: np.ndarray, slots: list[int]) -> None:
         """The beam search of the batch's `rows`, committed at once (a hypothesis dropped there must
@@ -234,32 +259,33 @@ class ModelRunner:
         frames = [self.model.encoder.stream_frames(w.start, w.length, mode) for _, _, w in rows]
         for item, n in zip(items, frames):
             item.frames.append(n)
-        return Batch(mode, items, x, self._index(frames), self._index([item.slot for item in items]))
+        return Batch(mode, items, x, self._index(frames), self._index([item.slot for item in items]), round=rows[0][0])
 
-    def _pre_encode(self, feats, lengths, start, mode: Lookahead, guard=None) -> torch.Tensor:
+    def _pre_encode(self, feats, lengths, start, mode: Lookahead, fixed: bool = False) -> torch.Tensor:
         return self.model.encoder.stream_pre_encode(feats, lengths, start, mode)[0]
 
-    def _layers(self, x, lengths, slots, mode: Lookahead, guard=None) -> torch.Tensor:
+    def _layers(self, x, lengths, slots, mode: Lookahead, fixed: bool = False) -> torch.Tensor:
         enc = self.model.encoder.stream_layers(x, lengths, self.cache, slots, mode)
         if self.prompts is None:
             return enc
         # float32, as the joint that reads it: the prompt kernel keeps its weights' precision
         return self.model.prompted(enc.float(), self.prompts[slots])
 
-    def _greedy(self, enc, lengths, slots, guard=None) -> torch.Tensor:
+    def _greedy(self, enc, lengths, slots, fixed: bool = False) -> torch.Tensor:
         """The greedy pass of the streams at `slots`, their decoder state carried in the pool; labels
-        with their probabilities (GreedyPass.scored)."""
+        with their probabilities (GreedyPass.scored). `fixed`: a bounded pass whose unfinished rows keep
+        their state (`_finish` decodes them again)."""
         state = self.decoder_state.gather(slots)
-        done = GreedyPass(self.model.decoder, enc, lengths, state, eou=self.eou).run(guard)
-        self.decoder_state.scatter(slots, DecoderState(*done.state()))
+        done = GreedyPass(self.model.decoder, enc, lengths, state, eou=self.eou).run(fixed)
+        self.decoder_state.scatter(slots, DecoderState(*done.settled(state)))
         return done.scored()
 
-    def _beam(self, enc, lengths, slots, guard=None, widths: tuple[int, int] | None = None) -> torch.Tensor:
+    def _beam(self, enc, lengths, slots, fixed: bool = False, widths: tuple[int, int] | None = None) -> torch.Tensor:
         """The beam search of the streams at `slots`, their beams carried in the pool (BeamPass.packed):
-        eagerly (guard None) at the batch's boosting `widths`, else in fixed shapes."""
+        eagerly at the batch's boosting `widths`, or (`fixed`) in fixed shapes."""
         search = BeamPass(self.model.decoder, enc, lengths, self.beams.gather(slots), self.boost, slots,
                           phrases.SYMBOLS, self.eou, widths)
-        search.run(fixed=guard is not None)
+        search.run(fixed=fixed)
         self.beams.scatter(slots, search.hyps)
         return search.packed().flatten(1)
 

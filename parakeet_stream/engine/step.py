@@ -45,6 +45,7 @@ class Batch:
     lengths: torch.Tensor  # [rows] valid frames, on the device (the host's are the items' `frames`)
     slots: torch.Tensor  # [rows] on the device
     encoded: torch.Tensor | None = None  # [rows, T, D]
+    round: int = 0  # a stream's chunks in a step: round 0, 1, ... (a stream has one chunk per round)
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.x, self.lengths, self.slots, self.encoded) if t is not None]

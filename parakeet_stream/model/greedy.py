@@ -17,9 +17,13 @@ probability the joint gave that label at any (frame, state) pair it scored after
 other label (that label's own frame and those before it drop out): how sure the model is that the
 speaker is done, even where blank still wins (the end-of-turn confidence, server/protocols/flux.py).
 
-Shapes never depend on the data: on a GPU a whole pass is captured in a CUDA graph (the loop
-unrolled to `max_iterations`, each iteration under a conditional node on `active.any()`, see
-engine/cuda_graphs.py); on CPU it runs eagerly until no stream is active.
+Shapes never depend on the data: on a GPU a pass is captured in a CUDA graph, its loop unrolled
+to `fixed_iterations(frames)` (enough for a label on every frame and one more: what a chunk of
+speech almost always needs, where the most a chunk could need, `max_iterations`, is about ten times
+that and every iteration costs the same whether a stream is active or not). A row still active
+after them is *unfinished*: its decoder state is left as it was before the pass (`settled`), its
+labels are not used, and the runner decodes it again eagerly (engine/model_runner.py). On CPU a
+pass runs eagerly until no stream is active.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ import torch
 # Frames scored per stream per iteration by default: a whole streaming chunk (at most 14 encoder
 # frames in NVIDIA's modes), while a long utterance does not score all its frames per label.
 WINDOW = 16
+
+
+def fixed_iterations(frames: int) -> int:
+    """Iterations of a pass in fixed shapes over chunks of `frames` encoder frames: each iteration
+    emits a label or moves a stream past its window, so this covers a label on every frame and one
+    more (12.5 labels a second at 80 ms frames; speech through NVIDIA's tokenizers has 3 to 8)."""
+    return frames + 2
 
 
 class GreedyPass:
@@ -64,17 +75,15 @@ class GreedyPass:
         self.h, self.c, self.g = state.h.clone(), state.c.clone(), state.g.clone()
         self.active = self.t < lengths
 
-    def run(self, guard: Callable[[torch.Tensor], AbstractContextManager] | None = None) -> "GreedyPass":
-        """Every iteration. Eagerly (guard None): on the active streams only, until none is left.
-        Under a CUDA graph capture: `max_iterations` over the whole batch, each inside
-        `guard(active.any())` (a conditional node; an iteration with no active stream changes nothing)."""
-        if guard is None:
+    def run(self, fixed: bool = False) -> "GreedyPass":
+        """Eagerly: on the active streams only, until none is left. `fixed` (a CUDA graph's capture, or
+        its stand-in): `fixed_iterations` over the whole batch, rows still active left unfinished."""
+        if not fixed:
             while bool(self.active.any()):
                 self.iterate_active()
-        else:
-            for _ in range(self.max_iterations):
-                with guard(self.active.any()):
-                    self.iterate()
+            return self
+        for _ in range(min(self.max_iterations, fixed_iterations(self.f.size(1)))):
+            self.iterate()
         return self
 
     def iterate(self) -> None:
@@ -154,14 +163,23 @@ class GreedyPass:
         """(h, c, g) after the pass."""
         return self.h, self.c, self.g
 
+    def settled(self, before) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(h, c, g) after the pass where a row finished, `before`'s (the state the pass started from)
+        where it is unfinished: decoding that row again starts from there."""
+        done = ~self.active
+        return (torch.where(done.view(1, -1, 1), self.h, before.h), torch.where(done.view(1, -1, 1), self.c, before.c),
+                torch.where(done.unsqueeze(1), self.g, before.g))
+
     def packed(self) -> torch.Tensor:
         """[B, 1 + 2 (max_tokens + 1)] int32: count, labels, frames; one copy brings a pass to the host."""
         return torch.cat((self.count.unsqueeze(1), self.token, self.frame), dim=1).to(torch.int32)
 
     def scored(self) -> torch.Tensor:
-        """[B, 2 + 3 (max_tokens + 1)] int32: packed(), each label's probability and the stream's
-        end-of-utterance probability (float32 bits); one copy brings a pass and its confidences to the host."""
-        return torch.cat((self.packed(), self.prob.view(torch.int32), self.eou_prob.view(torch.int32).unsqueeze(1)), dim=1)
+        """[B, 3 + 3 (max_tokens + 1)] int32: packed(), each label's probability, the stream's
+        end-of-utterance probability (float32 bits) and 1 where the row finished (0: unfinished);
+        one copy brings a pass and its confidences to the host."""
+        return torch.cat((self.packed(), self.prob.view(torch.int32), self.eou_prob.view(torch.int32).unsqueeze(1),
+                          (~self.active).to(torch.int32).unsqueeze(1)), dim=1)
 
 
 def probability(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
@@ -179,8 +197,8 @@ def unpack(packed: np.ndarray) -> list[list[tuple[int, int]]]:
 
 def unpack_scored(scored: np.ndarray) -> list[list[tuple[int, int, float]]]:
     """GreedyPass.scored() on the host -> [(label, frame, probability)] per stream."""
-    width = (scored.shape[1] - 2) // 3
-    probs = scored[:, 1 + 2 * width : -1].view(np.float32)
+    width = (scored.shape[1] - 3) // 3
+    probs = scored[:, 1 + 2 * width : -2].view(np.float32)
     return [[(*found, p) for found, p in zip(stream, row.tolist())]
             for stream, row in zip(unpack(scored[:, : 1 + 2 * width]), probs)]
 
@@ -188,4 +206,9 @@ def unpack_scored(scored: np.ndarray) -> list[list[tuple[int, int, float]]]:
 def eou_probabilities(scored: np.ndarray) -> list[float]:
     """GreedyPass.scored() on the host -> each stream's end-of-utterance probability since its last
     other label (0 without `eou`)."""
-    return scored[:, -1:].view(np.float32)[:, 0].tolist()
+    return scored[:, -2:-1].view(np.float32)[:, 0].tolist()
+
+
+def unfinished(scored: np.ndarray) -> np.ndarray:
+    """GreedyPass.scored() on the host -> the rows a fixed pass left unfinished."""
+    return np.flatnonzero(scored[:, -1] == 0)
