@@ -81,7 +81,7 @@ async def test_full_queue_refused_with_1013_and_queue_full(two_slots, wavs):
             assert [m["code"] for m in await tcp.rest()] == ["queue_full"]
         assert ctx.engine.stats() | {"audio_seconds": 0} == {
             "active": 2, "queued": 3, "free_slots": 0, "capacity": 2, "max_num_streams": 2, "max_queue": 3,
-            "audio_seconds": 0
+            "audio_seconds": 0, "stalled": None,
         }
         nursery.cancel_scope.cancel()
     assert ctx.metrics.errors.labels("queue_full")._value.get() == 3
