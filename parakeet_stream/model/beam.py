@@ -201,15 +201,18 @@ class BeamPass:
             if self.eou is not None:
                 hyps.eou = torch.maximum(hyps.eou, logp[..., self.eou].exp())
             ended.append(hyps.copy(score=hyps.score + logp[..., -1]))
-            hyps = self._write(hyps, logp, t)
-            if round_ == self.symbols - 1:
+            hyps, label = self._write(hyps, logp, t)
+            last = round_ == self.symbols - 1
+            if not (last or fixed or _can_enter(hyps, ended, k)):
+                break  # before the prediction network: none of these labels is kept
+            hyps = self._predict(hyps, label)
+            if last:
                 ended.append(hyps)
-            elif not fixed and not _can_enter(hyps, ended, k):
-                break
         return _merge(Hyps.cat(ended), k)
 
-    def _write(self, hyps: Hyps, logp: torch.Tensor, t: int) -> Hyps:
-        """The best `beam` hypotheses that write a label now (scored with their phrase matches)."""
+    def _write(self, hyps: Hyps, logp: torch.Tensor, t: int) -> tuple[Hyps, torch.Tensor]:
+        """The best `beam` hypotheses that write a label now (scored with their phrase matches), and
+        their labels [B, K]; their prediction network not yet run (`_predict`)."""
         b, k, labels = logp.shape
         grow = self.boost.expand(self.hyp_slots, hyps.matches, logp.flatten(0, 1), self.widths)
         gain = (grow.after - (hyps.banked + hyps.loan).view(-1, 1)).view(b, k, labels)
@@ -230,9 +233,13 @@ class BeamPass:
         entry = torch.stack([label.float(), torch.full_like(p, t), p], -1)
         out.written.scatter_(2, out.count.view(b, k, 1, 1).expand(b, k, 1, 3), entry.unsqueeze(2))
         out.count = out.count + 1
-        o, (h, c) = self.decoder.predictor.step(label.flatten(), out.h, out.c)
-        out.h, out.c, out.g = h, c, self.decoder.joint.pred(o)
-        return out
+        return out, label
+
+    def _predict(self, hyps: Hyps, label: torch.Tensor) -> Hyps:
+        """The prediction network on each hypothesis's new `label`: its state and output for the next round."""
+        o, (hyps.h, hyps.c) = self.decoder.predictor.step(label.flatten(), hyps.h, hyps.c)
+        hyps.g = self.decoder.joint.pred(o)
+        return hyps
 
     def packed(self) -> torch.Tensor:
         """[B, K, 5 + 3 L] int32, per hypothesis: labels written, origin, score, final score (the
