@@ -5,13 +5,14 @@ pre-encode: features and subsampling of every chunk in the step, one batch per l
 encode: the cache-aware encoder layers over each batch, against the slot pool, then (a multilingual
   model) each row's language prompt, gathered by its slot from the prompt pool;
 decode: one greedy RNN-T pass per batch (label looping, model/greedy.py) for the streams without
-  key phrases, their tokens to the host in one copy for the whole step; a beam search
+  key phrases, their tokens to the host in one copy per round of the step (a graph's bounded pass
+  may leave a row unfinished: decoded again before its stream's next chunk); a beam search
   (model/beam.py) with each stream's boosting tree (model/boosting.py) for those with phrases,
   committed (beams.py) batch by batch.
 As nano-vllm's ModelRunner.run, it decides nothing (the Scheduler chose the step) and delivers
 nothing (the engine turns tokens into results and publishes them). On CUDA each stage runs on
 its own stream (streams.py), the encoder layers and the greedy pass replay CUDA graphs captured
-at start-up (cuda_graphs.py), and the host never waits for the device but for the step's tokens.
+at start-up (cuda_graphs.py), and the host never waits for the device but for a round's tokens.
 """
 
 from __future__ import annotations

@@ -98,12 +98,12 @@ class Pipeline:
 
     def stalled(self) -> Stall | None:
         """The longest run in progress past `stall_seconds`, or None."""
-        now = time.perf_counter()
-        runs = sorted(((since, thread, stage, step) for thread, (stage, step, since) in list(self._busy.items())),
-                      key=lambda run: run[0])
-        if not runs or now - runs[0][0] < self.stall_seconds:
+        now, busy = time.perf_counter(), list(self._busy.items())
+        if not busy:
             return None
-        since, thread, stage, step = runs[0]
+        thread, (stage, step, since) = min(busy, key=lambda run: run[1][2])
+        if now - since < self.stall_seconds:
+            return None
         batches = tuple(f"{tuple(b.mode)} x {len(b.items)}" for b in step.batches)
         return Stall(thread, stage, now - since, len(step), batches, self._device_at(step))
 
