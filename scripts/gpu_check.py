@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.error
 import urllib.request
 import wave
 from functools import partial
@@ -159,8 +160,11 @@ class Server:
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # keep its pipe from filling
 
     def health(self) -> dict:
-        with urllib.request.urlopen(self.http + "/health", timeout=10) as r:
-            return json.load(r)
+        try:
+            with urllib.request.urlopen(self.http + "/health", timeout=10) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as answer:  # 503: an engine thread died or is stalled; the body says which
+            return json.load(answer)
 
     def cpu_seconds(self) -> tuple[float, float]:
         """CPU seconds of the engine's process and of its worker processes (--workers)."""

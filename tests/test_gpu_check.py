@@ -3,11 +3,14 @@ before the GPU machine it is for runs it."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import types
 import zipfile
 from pathlib import Path
 
@@ -97,3 +100,27 @@ def test_a_stalled_server_is_named_in_the_verdict_and_the_gpu_parts_after_it_are
     assert gpu_check.verdict(report.parts).endswith(
         "; STALLED at 256 streams, decode on one step for 16.2 s (batches (70, 1) x 40, the GPU not past: "
         "encode (70, 1) x 40)")
+
+
+def test_the_check_reads_a_stalled_servers_503_health(monkeypatch):
+    """/health answers 503 while the engine is stalled: its body is what names the stall."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_check
+
+    body = json.dumps({"status": "broken", "stalled": {"stage": "decode"}}).encode()
+
+    class Broken(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Broken) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        server = types.SimpleNamespace(http=f"http://127.0.0.1:{httpd.server_port}")
+        assert gpu_check.Server.health(server)["stalled"] == {"stage": "decode"}
+        httpd.shutdown()
