@@ -33,10 +33,12 @@ log = logging.getLogger(__name__)
 # overlaps the next one's encode, and on CUDA the host prepares a step while the device runs the other.
 DEPTH = 2
 _STOP = object()
-# A stage's run on one step longer than this is a stall: no model step here takes seconds (a CPU
-# step of `large` at its largest batch takes about 2 s), and an orchestrator should restart a replica
-# whose device no longer answers rather than let its streams wait.
+# A stage's run on one step longer than this (or than STALL_FACTOR times the longest run that ended)
+# is a stall: a GPU step takes milliseconds and a CPU step of `large` at its largest batch about 2 s,
+# and an orchestrator should restart a replica whose device no longer answers rather than let its
+# streams wait; a machine whose steps are slow by nature raises its own limit.
 STALL_SECONDS = 15.0
+STALL_FACTOR = 10.0
 WATCH_INTERVAL_S = 1.0
 
 
@@ -76,6 +78,7 @@ class Pipeline:
         self._deliver, self._fail, self._device_at = deliver, fail, device_at
         self.stall_seconds = stall_seconds
         self._busy: dict[str, tuple[str, Step, float]] = {}  # thread -> its run in progress (stage, step, since)
+        self._longest = 0.0  # seconds: the longest run of a stage on one step that ended
         queues = [queue.Queue() for _ in stages[1:]]
         takes = [schedule] + [q.get for q in queues]
         self._threads = [
@@ -97,12 +100,13 @@ class Pipeline:
         return all(t.is_alive() for t in self._threads)
 
     def stalled(self) -> Stall | None:
-        """The longest run in progress past `stall_seconds`, or None."""
+        """The longest run in progress past the stall limit (`stall_seconds`, or STALL_FACTOR times the
+        longest run that ended), or None."""
         now, busy = time.perf_counter(), list(self._busy.items())
         if not busy:
             return None
         thread, (stage, step, since) = min(busy, key=lambda run: run[1][2])
-        if now - since < self.stall_seconds:
+        if now - since < max(self.stall_seconds, STALL_FACTOR * self._longest):
             return None
         batches = tuple(f"{tuple(b.mode)} x {len(b.items)}" for b in step.batches)
         return Stall(thread, stage, now - since, len(step), batches, self._device_at(step))
@@ -140,6 +144,7 @@ class Pipeline:
                         self._busy[stage.name] = (name, step, start)
                         run(step)
                         step.seconds[name] = time.perf_counter() - start
+                        self._longest = max(self._longest, step.seconds[name])
             except Exception as exc:  # noqa: BLE001 - a model fault must not kill the thread
                 log.error("inference failed for %d stream(s): %r", len(step), exc)
                 self._fail(step)
