@@ -29,8 +29,6 @@ pass runs eagerly until no stream is active.
 from __future__ import annotations
 
 import math
-from contextlib import AbstractContextManager
-from typing import Callable
 
 import numpy as np
 import torch
