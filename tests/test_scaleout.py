@@ -347,14 +347,14 @@ async def test_health_says_broken_while_an_engine_stage_is_stalled(tiny_model_di
         engine.pipeline.stall_seconds = 0.3
         runner, release = engine.runner, threading.Event()
         real = runner.encode
-        runner.encode = lambda step: (release.wait(10), real(step))
+        runner.encode = lambda step: (release.wait(30), real(step))
         try:
             async with _server(engine) as ctx:
                 http, url = ctx.config.ports["http"], f"tcp://127.0.0.1:{ctx.config.ports['tcp']}"
                 async with Raw.open(url) as conn:
                     for message in audio_messages(next(iter(wavs.values()))[:16000])[:-1]:
                         await conn.send(message)
-                    with trio.fail_after(5):
+                    with trio.fail_after(9):  # the limit: 0.3 s, or ten times the longest step so far
                         while (answer := await http_get(http, "/health"))[0] == 200:
                             await trio.sleep(0.05)
                     health = orjson.loads(answer[1])
