@@ -3,7 +3,7 @@ Python environment with a CUDA build of torch) that answers "how many streams" f
 minutes of a bare machine. It writes one JSON and a markdown table for docs/performance.md, and
 prints one verdict line: "capacity N streams at p95 <= 320 ms (chunk p95 X ms), start-up S s".
 
-    bash scripts/gpu_check.sh                 # results/gpu_check.json, results/gpu_check.md
+    bash scripts/gpu_check.sh                 # results/gpu_check.json, .md, -server.log (-profiles.tar.gz)
     bash scripts/gpu_check.sh --dry-run       # the same code on CPU at tiny sizes (tests/test_gpu_check.py)
 
 Parts, in the order of what they answer; each is timed and recorded, one that fails does not stop
@@ -35,6 +35,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -329,10 +330,13 @@ def describe_stall(streams: int, stall: dict) -> str:
 
 
 def serve(report: Report, model: Path, settings: dict, work: Path) -> None:
+    """The server's start and capacity parts; its log beside the report (`<out>-server.log`)."""
     servers: list[Server] = []
+    log_path = report.out.parent / f"{report.out.name}-server.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
 
     def start() -> dict:
-        servers.append(Server(model, settings, work / "server.log"))
+        servers.append(Server(model, settings, log_path))
         health = servers[0].health()
         return {"ready_seconds": round(servers[0].ready_seconds, 1), "engine_start": health.get("start"),
                 "workers": servers[0].workers, "slots": health.get("max_num_streams"), "precision": health.get("precision")}
@@ -345,9 +349,22 @@ def serve(report: Report, model: Path, settings: dict, work: Path) -> None:
         report.part("capacity", lambda: capacity(servers[0], wav, settings, report), needs=settings["seconds"] + 25)
     finally:
         servers[0].close()
-        log = (work / "server.log").read_text()
+        log = log_path.read_text()
         report.parts["server start"]["graphs_log"] = [line for line in log.splitlines() if "captured" in line][-1:]
         write(report.parts, report.out, report.dry_run)
+        bundle_profiles(report.out)
+
+
+def bundle_profiles(out: Path) -> None:
+    """py-spy's files of every level (server-N.txt, server-N-stalled.txt) in one `<out>-profiles.tar.gz`:
+    a GPU machine's tool may bring back only a few files."""
+    files = sorted(out.parent.glob("server-*.txt"))
+    if files:
+        with tarfile.open(out.parent / f"{out.name}-profiles.tar.gz", "w:gz") as tar:
+            for f in files:
+                tar.add(f, arcname=f.name)
+        for f in files:
+            f.unlink()
 
 
 # --- the engine in-process ----------------------------------------------------------------------

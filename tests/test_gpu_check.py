@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import types
@@ -44,6 +45,21 @@ def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
     assert verdict and "streams at p95 <= 320 ms (chunk p95 " in verdict[-1] and ", start-up " in verdict[-1]
     table = (tmp_path / "check.md").read_text()
     assert "| streams | held | lag p50 / p95 (ms) |" in table and verdict[-1] in table
+    assert "engine ready in" in (tmp_path / "check-server.log").read_text()  # the server's log beside the report
+    assert list(start["engine_start"]["phases"]) == ["load", "precision", "memory", "pools", "capture"]
+
+
+def test_py_spy_files_are_bundled_into_one(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_check
+
+    for name in ("server-64.txt", "server-256.txt", "server-256-stalled.txt"):
+        (tmp_path / name).write_text(name)
+    gpu_check.bundle_profiles(tmp_path / "check")
+    with tarfile.open(tmp_path / "check-profiles.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["server-256-stalled.txt", "server-256.txt", "server-64.txt"]
+        assert tar.extractfile("server-64.txt").read() == b"server-64.txt"
+    assert not list(tmp_path.glob("server-*.txt"))
 
 
 def test_the_gpu_check_installs_carried_wheels_before_it_runs(tmp_path):
