@@ -186,3 +186,25 @@ def test_auto_sizing_fits_after_every_graph_is_captured(eou_model):
         assert 1 <= batch <= 64 and batch <= slots
         free, total = torch.cuda.mem_get_info()
         assert free > 0.02 * total  # the plan left room after pools, graphs and their pools
+
+
+def test_a_steps_marks_name_the_first_operation_the_gpu_has_not_finished():
+    """What a stall's report names: each stage marks its operations; a mark whose event the device
+    has not passed is the operation the device is still on (here: one held back by a waiting event)."""
+    from parakeet_stream.engine.step import Step
+    from parakeet_stream.engine.streams import StageStreams, device_at
+
+    streams, step = StageStreams(torch.device("cuda"), ["encode"]), Step([], 0.0)
+    streams.enter("encode")
+    streams.mark(step, "encoder cache reset", 3)
+    torch.cuda.current_stream().synchronize()
+    gate = torch.cuda.Event()  # recorded later on another stream: what the encode stream waits for
+    other = torch.cuda.Stream()
+    with torch.cuda.stream(other):
+        torch.cuda._sleep(int(5e8))  # about a quarter of a second of GPU time
+        gate.record()
+    torch.cuda.current_stream().wait_event(gate)
+    streams.mark(step, "encode", 40, (70, 1))
+    assert device_at(step) == "encode (70, 1) x 40"
+    torch.cuda.synchronize()
+    assert device_at(step) is None

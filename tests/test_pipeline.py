@@ -8,6 +8,7 @@ import time
 
 from parakeet_stream.engine.pipeline import STALL_FACTOR, Pipeline, Stage
 from parakeet_stream.engine.step import Step
+from parakeet_stream.engine.streams import device_at
 
 
 def test_a_stage_whose_steps_are_slow_by_nature_raises_its_own_stall_limit():
@@ -34,3 +35,21 @@ def test_a_stage_whose_steps_are_slow_by_nature_raises_its_own_stall_limit():
         steps.put(None)
         pipeline.join(5)
     assert len(delivered) == 2 and pipeline.stalled() is None
+
+
+class _Event:  # what device_at asks of a CUDA event
+    def __init__(self, done: bool):
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+def test_a_stall_names_the_first_marked_operation_the_device_has_not_finished():
+    step = Step([], 0.0)
+    assert device_at(step) is None  # no marks: CPU
+    step.marks = [(("encoder cache reset", 3, None), _Event(True)), (("encode", 40, (70, 1)), _Event(False)),
+                  (("encode", 12, (70, 13)), _Event(False))]
+    assert device_at(step) == "encode (70, 1) x 40"
+    step.marks[0] = (("encoder cache reset", 3, None), _Event(False))
+    assert device_at(step) == "encoder cache reset x 3"

@@ -123,7 +123,7 @@ class ModelRunner:
             rows = [(r, item, ws[r]) for r in range(max(map(len, windows)))  # frames' order: round by round
                     for item, ws in zip(items, windows) if r < len(ws)]
             x = self._subsample(mode, frames, [w for _, _, w in rows])
-            self.streams.mark(step, f"pre-encode {tuple(mode)} x {len(rows)}")
+            self.streams.mark(step, "pre-encode", len(rows), mode)
             start = 0
             for r in range(rows[-1][0] + 1):
                 end = start
@@ -142,12 +142,12 @@ class ModelRunner:
             self.cache.reset(slots)
             if self.prompts is not None:  # in place: the captured graphs read the pool
                 self.prompts[slots] = self._index([item.seq.prompt for item in first])
-            self.streams.mark(step, f"encoder cache reset x {len(first)}")
+            self.streams.mark(step, "encoder cache reset", len(first))
         for batch in step.batches:
             static = self.encoders.get(batch.mode)
             args = (batch.x, batch.lengths, batch.slots)
             batch.encoded = static(*args) if static else self._layers(*args, mode=batch.mode)
-            self.streams.mark(step, f"encode {tuple(batch.mode)} x {len(batch.items)}")
+            self.streams.mark(step, "encode", len(batch.items), batch.mode)
         self.streams.hand_on(step, "decode")
 
     def decode(self, step: Step) -> None:
@@ -160,7 +160,7 @@ class ModelRunner:
             for item in first:
                 self.boost.load(item.slot, item.seq.boosting)
             self._start_beams(first)
-            self.streams.mark(step, f"decoder state reset x {len(first)}")
+            self.streams.mark(step, "decoder state reset", len(first))
         for _, batches in groupby(step.batches, key=attrgetter("round")):
             self._decode_round(step, list(batches))
         if self.commits.streams:  # no loop over the step where no stream has phrases
@@ -179,7 +179,7 @@ class ModelRunner:
                 passes.append((batch.mode, batch.encoded, batch.lengths, batch.slots))
                 packed.append(self._decode_greedy(*passes[-1]))
                 plain.append(batch.items)
-                self.streams.mark(step, f"greedy {tuple(batch.mode)} x {len(batch.items)}")
+                self.streams.mark(step, "greedy", len(batch.items), batch.mode)
                 continue
             self._decode_beams(batch, np.flatnonzero(boosted), slots)
             if not boosted.all():
@@ -187,7 +187,7 @@ class ModelRunner:
                 passes.append((batch.mode, *self._rows(batch, rows)))
                 packed.append(self._decode_greedy(*passes[-1]))
                 plain.append([batch.items[r] for r in rows])
-            self.streams.mark(step, f"greedy and beams {tuple(batch.mode)} x {len(batch.items)}")
+            self.streams.mark(step, "greedy and beams", len(batch.items), batch.mode)
         for items, rows in zip(plain, self._finish(passes, self._fetch(packed))):
             for item, found, eou in zip(items, unpack_scored(rows), eou_probabilities(rows)):
                 item.tokens.append(found)

@@ -61,7 +61,7 @@ class Step:
     batches: list[Batch] = field(default_factory=list)  # pre-encode: round by round, each round's modes
     results: list[tuple[Sequence, StreamResult]] = field(default_factory=list)  # built after decode
     done: Any = None  # CUDA: the event after the last stage's work on it (streams.py)
-    marks: list[tuple[str, Any]] = field(default_factory=list)  # CUDA: (operation, event after it), streams.py
+    marks: list[tuple[tuple, Any]] = field(default_factory=list)  # CUDA: ((operation, rows, mode), event after it), streams.py
 
     def __iter__(self):
         return iter(self.items)

@@ -46,14 +46,18 @@ class StageStreams:
             step.done = torch.cuda.Event()
             step.done.record(torch.cuda.current_stream(self.device))
 
-    def mark(self, step: Step, operation: str) -> None:
-        """After `operation`'s work was queued on this stage's stream: an event the device passes when done."""
+    def mark(self, step: Step, operation: str, rows: int, mode=None) -> None:
+        """After `operation`'s work on `rows` (of lookahead `mode`) was queued on this stage's stream: an
+        event the device passes when done. Named only when read (`device_at`): nothing per step on CPU."""
         if self.cuda:
             event = torch.cuda.Event()
             event.record()
-            step.marks.append((operation, event))
+            step.marks.append(((operation, rows, mode), event))
 
 
 def device_at(step: Step) -> str | None:
     """The first of the step's marked operations the device has not finished (None: all, or no marks)."""
-    return next((operation for operation, event in list(step.marks) if not event.query()), None)
+    for (operation, rows, mode), event in list(step.marks):
+        if not event.query():
+            return f"{operation} {tuple(mode)} x {rows}" if mode is not None else f"{operation} x {rows}"
+    return None
