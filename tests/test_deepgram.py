@@ -12,6 +12,7 @@ import pytest
 import soxr
 import trio
 from helpers import (
+    Raw,
     hold_every_slot,
     result_tokens,
     running_server,
@@ -234,6 +235,22 @@ async def test_finalize_flushes(engine, sentence):
     assert messages[-1]["duration"] == pytest.approx(len(sentence) / 16000, abs=0.01)
 
 
+async def test_finalize_is_answered_once_all_the_audio_before_it_is_transcribed(engine, sentence):
+    """The sentence's utterance ends (speech_final) after the Finalize was read: that Results is
+    not the answer; the answer comes at the end of the audio, and a client that closes on it
+    has lost nothing."""
+    pcm = encode_audio(sentence, "pcm16")
+    async with running_server(engine) as ctx:
+        async with Raw.open(url(ctx, "ws", "/v1/listen?encoding=linear16&sample_rate=16000")) as conn:
+            await conn.send(pcm)
+            await conn.send({"type": "Finalize"})
+            seen = await conn.until("Results", from_finalize=True)
+    answer = seen[-1]
+    ended = [m for m in seen if m["type"] == "Results" and m["speech_final"]]
+    assert ended and not any(m["from_finalize"] for m in ended)  # the utterance's end came first
+    assert answer["is_final"] and audio_end(answer) == pytest.approx(len(sentence) / 16000, abs=0.01)
+
+
 async def test_audio_and_finalize_sent_while_a_segment_drains_wait_for_the_next(engine, sentence):
     """Two Finalize-terminated pieces sent without waiting: the second piece's audio, and its
     Finalize, wait while the first segment drains; times count from the connection."""
@@ -251,7 +268,9 @@ async def test_audio_and_finalize_sent_while_a_segment_drains_wait_for_the_next(
         messages = await in_thread(run_sdk(ctx, script, encoding="linear16", sample_rate=16000))
     flushed = [m for m in messages if m["type"] == "Results" and m.get("from_finalize")]
     seconds = len(sentence) / 16000
-    assert len(flushed) == 2 and audio_end(flushed[0]) <= seconds < flushed[1]["start"] < audio_end(flushed[1])
+    assert [audio_end(m) for m in flushed] == pytest.approx([seconds, 2 * seconds], abs=0.01)
+    spoken = [m for m in finals(messages) if m["channel"]["alternatives"][0]["transcript"]]
+    assert len(spoken) == 2 and audio_end(spoken[0]) <= round(seconds, 3) < spoken[1]["start"]
     assert transcript(messages) == f"{text.strip()} {text.strip()}"
     assert messages[-1]["type"] == "Metadata" and messages[-1]["duration"] == pytest.approx(2 * seconds, abs=0.01)
 

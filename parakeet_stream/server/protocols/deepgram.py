@@ -290,14 +290,17 @@ class DeepgramSession(Session):
         transcript.text += result.text
         self._language = result.language or self._language
         if ends_transcript:
-            self._send_final(now, speech_final=result.utterance_end)
+            self._send_final(now, speech_final=result.utterance_end, segment_end=result.is_final)
         elif self.options.interim_results and first is not None:
             self.post(self._results(now, is_final=False, speech_final=False))
         if result.is_final and self._closing:
             self._utterance_end(now, ended=True)
 
-    def _send_final(self, now: float, speech_final: bool) -> None:
-        from_finalize, self._from_finalize = self._from_finalize, False
+    def _send_final(self, now: float, speech_final: bool, segment_end: bool) -> None:
+        # only the segment's last Results answers a Finalize: an utterance that ends while it
+        # drains is not yet all the audio sent before it
+        from_finalize = self._from_finalize and segment_end
+        self._from_finalize = self._from_finalize and not segment_end
         transcript = self._transcript
         if transcript.spoken or from_finalize:
             message = self._results(now, is_final=True, speech_final=speech_final and self.options.speech_final)
