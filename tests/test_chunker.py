@@ -9,7 +9,7 @@ import torch
 
 from parakeet_stream.engine import chunker
 from parakeet_stream.engine.chunker import FrontEnd
-from parakeet_stream.engine.inbox import Inbox
+from parakeet_stream.engine.inbox import Inbox, SampleBuffer
 from parakeet_stream.model.config import FeatureConfig
 from parakeet_stream.model.conformer import chunk_spec
 from parakeet_stream.model.features import LogMelFeatures
@@ -157,3 +157,21 @@ def test_at_the_end_every_ready_chunk_is_cut_whole(model_modes):
             assert len(windows) >= inbox.chunks_ready, (mode, n)
             full = [spec.first_frames] + [spec.window] * (len(windows) - 1)
             assert [w.length for w in windows[: inbox.chunks_ready]] == full[: inbox.chunks_ready], (mode, n)
+
+
+def test_the_inbox_sample_buffer_gives_back_exactly_what_was_pushed_in_order():
+    """Pushes and takes of any sizes, backlogs grown and given back: the samples come out as they
+    went in (taking moves a mark; what is left moves only when a push needs the room)."""
+    rng = np.random.default_rng(7)
+    buffer, expected = SampleBuffer(), np.zeros(0, np.float32)
+    for _ in range(5000):
+        if rng.random() < 0.55:
+            samples = rng.standard_normal(int(rng.integers(0, 5000))).astype(np.float32)
+            buffer.append(samples)
+            expected = np.concatenate((expected, samples))
+        else:
+            n = None if rng.random() < 0.1 else int(rng.integers(0, 6000))
+            got = buffer.take(n)
+            assert np.array_equal(got, expected[: len(got)]) and len(got) == min(len(expected), n or len(expected))
+            expected = expected[len(got):]
+        assert len(buffer) == len(expected)

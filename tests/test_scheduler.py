@@ -320,6 +320,31 @@ def test_a_waiting_stream_is_admitted_when_a_live_one_ends_or_steps_prove_cheape
     assert seqs[3].status is Status.RUNNING and sch.stats()["queued"] == 0
 
 
+def test_a_live_stream_stops_counting_against_capacity_when_cancelled_in_flight_or_failed():
+    """Admission counts live streams as they come and go (no loop over every stream): one
+    cancelled while its step is in flight, or failed by a step, makes room at once; a bulk
+    stream never counts; a stream counted twice or taken back twice changes nothing."""
+    sch = Scheduler(10, 10, target=0.32, sample_rate=RATE)
+    measured(sch, (1, 0.060), (2, 0.110))  # 2 live streams
+    a, b, waiting = seq(), seq(), seq()
+    assert [sch.add(s) for s in (a, b, waiting)] == [True, True, False]
+    bulk = seq(bulk=True)
+    assert sch.add(bulk) is False  # behind the waiting live one, first come first served
+    give_chunks(a, 1)
+    give_chunks(b, 1)
+    step = sch.schedule()
+    sch.cancel(a)  # in flight: its slot stays until the step is back, its share of the capacity not
+    assert len(sch.live) == 1 and a.slot is not None
+    sch.cost.alpha = 0.0
+    failed, _ = sch.postprocess(step, failed=True)
+    assert failed == [b] and waiting.status is Status.RUNNING and bulk.status is Status.RUNNING
+    assert len(sch.live) == 1 and sch.stats()["free_slots"] == 1  # the waiting one counts, the file not
+    sch.cancel(a)
+    sch.cancel(waiting)
+    sch.cancel(waiting)
+    assert len(sch.live) == 0 and sch.stats()["free_slots"] == 9  # no live stream: slots alone (the file holds one)
+
+
 def test_a_burst_is_let_in_a_quarter_more_at_a_time_past_what_ran_in_time():
     sch = Scheduler(100, 100, target=0.32, sample_rate=RATE)  # nothing measured: slots and the pace decide
     seqs = [seq() for _ in range(PROVEN + 14)]

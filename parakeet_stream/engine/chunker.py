@@ -20,6 +20,7 @@ keep the GIL.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -86,11 +87,11 @@ def cut_all(fronts: list[FrontEnd], counts: list[int], last: list[bool],
     [windows, spec.window, n_mels] on `device` (default: the CPU), round by round (each stream's
     first window, then each one's second, ...), or None without any; and each stream's windows."""
     plans = [_plan(front, count, is_last) for front, count, is_last in zip(fronts, counts, last)]
-    rounds = max((len(p) for p in plans), default=0)
+    rounds = max(map(len, plans), default=0)
     if rounds == 0:
         return None, [[] for _ in fronts]
     # one source for every row: a zero row, then each stream's history and features not cut yet
-    n_mels = fronts[0].n_mels
+    n_mels, window = fronts[0].n_mels, fronts[0].spec.window
     sources, base, rows_so_far = [np.zeros((1, n_mels), np.float32)], [], 1
     for front, plan in zip(fronts, plans):
         base.append(rows_so_far)
@@ -98,24 +99,32 @@ def cut_all(fronts: list[FrontEnd], counts: list[int], last: list[bool],
             sources += [front.history, front.mel]
             rows_so_far += front.history.shape[0] + front.mel.shape[0]
     source = np.concatenate(sources)
-    rows, owners = [], []
-    for r in range(rounds):
-        for s, plan in enumerate(plans):
-            if r < len(plan):
-                rows.append(np.where(plan[r][0] >= 0, plan[r][0] + base[s], 0))
-                owners.append((s, plan[r][1], plan[r][2]))
-    frames = source[np.stack(rows)]
+    owners = [(s, plan[r]) for r in range(rounds) for s, plan in enumerate(plans) if r < len(plan)]
+    # window row j of a cut reads source row base + shift + j where lo <= j < hi, the zero row elsewhere
+    shift, lo, hi = np.array([(base[s] + cut.shift, cut.lo, cut.hi) for s, cut in owners]).T
+    j = np.arange(window)
+    inside = (j >= lo[:, None]) & (j < hi[:, None])
+    frames = source[np.where(inside, shift[:, None] + j, 0)]
     windows: list[list[Window]] = [[] for _ in fronts]
-    for row, (s, start, length) in enumerate(owners):
-        windows[s].append(Window(frames[row], start, length))
+    for row, (s, cut) in enumerate(owners):
+        windows[s].append(Window(frames[row], cut.lo, cut.hi - cut.lo))
     _advance(fronts, plans, source, base)
     return to_device(frames, device or torch.device("cpu")), windows
 
 
-def _plan(front: FrontEnd, count: int, last: bool) -> list[tuple[np.ndarray, int, int, int]]:
-    """(rows, start, length, new frames) of each chunk to cut: rows index the stream's timeline, its
-    history then its features not yet cut, -1 for a zero row."""
-    out: list[tuple[np.ndarray, int, int, int]] = []
+class Cut(NamedTuple):
+    """One chunk to cut: window row j is timeline row shift + j for lo <= j < hi (the timeline: the
+    stream's history, then its features not cut yet), a zero row elsewhere; `new`: its new frames."""
+
+    shift: int
+    lo: int
+    hi: int
+    new: int
+
+
+def _plan(front: FrontEnd, count: int, last: bool) -> list[Cut]:
+    """The chunks to cut: the next `count`; in its last step, every chunk left, the partial last one too."""
+    out: list[Cut] = []
     if front.mel is None:
         return out
     spec, have, offset = front.spec, front.mel.shape[0], 0
@@ -127,13 +136,10 @@ def _plan(front: FrontEnd, count: int, last: bool) -> list[tuple[np.ndarray, int
         if have - offset < size and not (last and have - offset >= spec.shortest_last(chunk)):
             break
         new = min(size, have - offset)
-        rows = np.full(spec.window, -1, np.int64)
-        if chunk == 0:
-            rows[spec.first_pad : spec.first_pad + new] = np.arange(pre, pre + new)
-            out.append((rows, spec.first_pad, new, new))
+        if chunk == 0:  # left-padded to the window: its frames after `first_pad` zero rows
+            out.append(Cut(pre - spec.first_pad, spec.first_pad, spec.first_pad + new, new))
         else:  # the previous `pre_cache` frames of the timeline, then its own
-            rows[: pre + new] = np.arange(offset, offset + pre + new)
-            out.append((rows, 0, pre + new, new))
+            out.append(Cut(offset, 0, pre + new, new))
         offset += new
     return out
 
@@ -143,7 +149,7 @@ def _advance(fronts: list[FrontEnd], plans: list, source: np.ndarray, base: list
     pre = fronts[0].spec.pre_cache
     for s, plan in enumerate(plans):
         if plan:
-            front, taken = fronts[s], sum(new for *_, new in plan)
+            front, taken = fronts[s], sum(cut.new for cut in plan)
             front.history = source[base[s] + taken : base[s] + taken + pre].copy()  # not a view: source is the step's
             front.mel = front.mel[taken:]
             front.chunks_cut += len(plan)

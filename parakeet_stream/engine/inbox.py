@@ -12,40 +12,46 @@ from ..model.conformer import ChunkSpec
 
 
 class SampleBuffer:
-    """Contiguous float32 samples with amortised growth: one array per stream, never one per push."""
+    """Contiguous float32 samples with amortised growth: one array per stream, never one per push.
+    Taking moves a start mark; the samples left are moved to the front only when a push needs the room."""
 
     def __init__(self) -> None:
         self._buf = np.empty(4096, np.float32)
+        self._start = 0
         self._len = 0
 
     def __len__(self) -> int:
         return self._len
 
     def append(self, samples: np.ndarray) -> None:
-        need = self._len + samples.size
-        if need > self._buf.size:
-            grown = np.empty(max(need, 2 * self._buf.size), np.float32)
-            grown[: self._len] = self._buf[: self._len]
-            self._buf = grown
-        self._buf[self._len : need] = samples
-        self._len = need
+        end = self._start + self._len
+        if end + samples.size > self._buf.size:
+            need = self._len + samples.size
+            grown = np.empty(max(need, 2 * self._buf.size), np.float32) if need > self._buf.size // 2 else self._buf
+            grown[: self._len] = self._buf[self._start : end]  # (overlapping moves to the front are safe)
+            self._buf, self._start, end = grown, 0, self._len
+        self._buf[end : end + samples.size] = samples
+        self._len += samples.size
 
     def take(self, n: int | None = None) -> np.ndarray:
-        """The oldest `n` samples (all when None); the rest move to the front."""
+        """The oldest `n` samples (all when None)."""
         n = self._len if n is None else min(n, self._len)
-        out = self._buf[:n].copy()
-        rest = self._len - n
-        if rest == 0 and self._buf.size > 1 << 16:  # give back what a backlog grew
-            self._buf = np.empty(4096, np.float32)
-        else:
-            self._buf[:rest] = self._buf[n : self._len]
-        self._len = rest
+        out = self._buf[self._start : self._start + n].copy()
+        self._start += n
+        self._len -= n
+        if self._len == 0:
+            self._start = 0
+            if self._buf.size > 1 << 16:  # give back what a backlog grew
+                self._buf = np.empty(4096, np.float32)
         return out
 
 
 class Inbox:
     """Written by the client threads (`add`), under its lock. The others only take what was
     added: the Scheduler the arrival times of ready chunks, the pre-encode stage the samples.
+    The Scheduler reads without the lock (it looks at every stream at every step): only it takes
+    arrival times out, so one it saw stays there, and a prediction made from fields a push is
+    halfway through changing is only a wake-up a little early or late.
 
     A chunk is ready once the samples whose log-mel frames reach its end (ChunkSpec.frames_through)
     arrived; the pre-encode stage cuts it by the same frame count.
@@ -84,8 +90,8 @@ class Inbox:
             self._last_push = samples.size or self._last_push
             before = self.chunks_ready
             while self.samples_in >= self._next_ready:
+                self.chunks_ready += 1  # before its time: the Scheduler never sees more times than chunks
                 self._ready_times.append(now)
-                self.chunks_ready += 1
                 self._next_ready = self.samples_for(self.chunks_ready)
             return self.chunks_ready > before
 
@@ -95,18 +101,18 @@ class Inbox:
         when the next one will be, at real-time pacing in packets the size of the last one, or None
         before the first one). A chunk comes with the packet that holds its last sample, so the
         prediction is the arrival of that packet, not of the sample."""
-        with self._lock:
-            if self._ready_times:
-                return self._ready_times[0], None
-            if not self.chunks_ready:
-                return None, None
-            packets = -(-(self._next_ready - self.samples_in) // self._last_push)
-            return None, self._last_arrival + packets * self._last_push / sample_rate
+        if self._ready_times:
+            return self._ready_times[0], None
+        if not self.chunks_ready:
+            return None, None
+        push = self._last_push
+        packets = max(0, -(-(self._next_ready - self.samples_in) // push))
+        return None, self._last_arrival + packets * push / sample_rate
 
     def take_ready(self, n: int) -> list[float]:
         """Arrival times of the next `n` ready chunks (the Scheduler schedules them)."""
-        with self._lock:
-            return [self._ready_times.popleft() for _ in range(min(n, len(self._ready_times)))]
+        times = self._ready_times
+        return [times.popleft() for _ in range(min(n, len(times)))]
 
     # --- the pre-encode stage ---------------------------------------------------------------
     def take_samples(self, upto: int | None = None) -> np.ndarray:

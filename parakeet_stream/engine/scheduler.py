@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 
 from .errors import QueueFull
 from .latency import LatencyTarget
@@ -45,6 +45,37 @@ PROVEN = 16  # live streams admitted without pacing on any machine
 RAMP = 4  # live streams that may be admitted between two steps, however few run
 BEHIND_HOLD = 1.0  # seconds without live admissions after a live chunk came later than the target
 PACE = 0.1  # seconds: at most max(RAMP, a quarter of those running) live admissions in each, or per step
+
+
+class LiveStreams:
+    """The live (not bulk) streams holding a slot that are not dead: how many, and how many of
+    each chunk period. Admission asks for both at every step and at every admission: counted as
+    streams come and go, not by a loop over every stream."""
+
+    def __init__(self) -> None:
+        self._ids: set[int] = set()
+        self._periods: Counter[int] = Counter()  # samples per chunk -> streams
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, seq: Sequence) -> None:
+        if not seq.bulk and seq.stream_id not in self._ids:
+            self._ids.add(seq.stream_id)
+            self._periods[seq.inbox.chunk_samples] += 1
+
+    def discard(self, seq: Sequence) -> None:
+        if seq.stream_id in self._ids:
+            self._ids.remove(seq.stream_id)
+            period = seq.inbox.chunk_samples
+            self._periods[period] -= 1
+            if not self._periods[period]:
+                del self._periods[period]
+
+    def shortest_period(self, new: Sequence | None = None) -> int | None:
+        """The shortest chunk period among them (in samples), `new` counted in; None without any."""
+        periods = [*self._periods, *([new.inbox.chunk_samples] if new else [])]
+        return min(periods, default=None)
 
 
 class Scheduler:
@@ -65,6 +96,7 @@ class Scheduler:
         self.free: deque[int] = deque(range(max_num_streams))
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
+        self.live = LiveStreams()
         self._in_flight: list[Step] = []
         self._last_done = 0.0  # when the last step was done
         self._timeline = Timeline()  # when the steps in flight are predicted to be done
@@ -119,6 +151,7 @@ class Scheduler:
                 return list(self.waiting)[i:]
             if seq.status in (Status.RUNNING, Status.FINALIZING):
                 seq.status = Status.CANCELLED
+                self.live.discard(seq)
                 if seq.in_flight == 0:
                     return self._release(seq)
             return []
@@ -163,9 +196,9 @@ class Scheduler:
                           if item.ready_times and not item.seq.bulk), default=now)
             if not failed and now - oldest > self.latency.target:
                 self._behind_until = now + BEHIND_HOLD
-                self._proven = max(PROVEN, min(self._proven, len(self._live()) - 1))
+                self._proven = max(PROVEN, min(self._proven, len(self.live) - 1))
             elif not failed:
-                self._proven = max(self._proven, len(self._live()))
+                self._proven = max(self._proven, len(self.live))
             self._admitted = 0
             self._timeline.settle(now, sum(s.predicted_seconds for s in self._in_flight))
             self._busy.append((now, sum(step.seconds.values())))
@@ -175,6 +208,7 @@ class Scheduler:
                 seq.in_flight -= 1
                 if failed and seq.status not in DEAD:
                     seq.status = Status.FAILED
+                    self.live.discard(seq)
                     newly_failed.append(seq)
                 if seq.in_flight == 0 and (seq.status in DEAD or item.last):
                     changed += self._release(seq)
@@ -197,12 +231,11 @@ class Scheduler:
 
     def stats(self) -> dict:
         with self._cv:
-            live = self._live()
-            capacity = self._capacity(live, None)
+            capacity = self._capacity(None)
             return {
                 "active": len(self.active),
                 "queued": len(self.waiting),
-                "free_slots": min(len(self.free), max(0, capacity - len(live))),  # admitted now, live
+                "free_slots": min(len(self.free), max(0, capacity - len(self.live))),  # admitted now, live
                 "capacity": capacity,
                 "max_num_streams": self.max_num_streams,
                 "max_queue": self.max_queue,
@@ -273,15 +306,12 @@ class Scheduler:
             self._busy.popleft()
         return sum(seconds for _, seconds in self._busy) / BUSY_WINDOW
 
-    def _live(self) -> list[Sequence]:
-        return [seq for seq in self.active.values() if not seq.bulk and seq.status not in DEAD]
-
-    def _capacity(self, live: list[Sequence], new: Sequence | None) -> int:
+    def _capacity(self, new: Sequence | None) -> int:
         """The most live streams the measured step cost serves in real time, with `new` among them."""
-        periods = [seq.inbox.chunk_samples for seq in [*live, *([new] if new else [])]]
-        period = min(periods) / self.sample_rate if periods else None
-        if period is None:
+        samples = self.live.shortest_period(new)
+        if samples is None:
             return self.max_num_streams
+        period = samples / self.sample_rate
         # at least one: a machine slower than real time still serves a stream at a time, late
         return max(1, self.cost.most_streams(HEADROOM * period, self.max_num_streams))
 
@@ -294,17 +324,17 @@ class Scheduler:
             return "every slot is taken"
         if seq.bulk:
             return None
-        live = self._live()
-        if len(live) >= self._proven:  # past what has run in time: paced, and held while behind
+        live = len(self.live)
+        if live >= self._proven:  # past what has run in time: paced, and held while behind
             now = time.monotonic()
             if now < self._behind_until:
                 return f"a live chunk came later than the target: no live admissions for {BEHIND_HOLD:g} s"
             if now - self._paced_at >= PACE:
                 self._paced_at, self._admitted = now, 0
-            if self._admitted >= max(RAMP, (len(live) - self._admitted) // 4):  # those running at the last step
+            if self._admitted >= max(RAMP, (live - self._admitted) // 4):  # those running at the last step
                 return f"past the {self._proven} live streams served in time so far, they are let in a step at a time"
-        capacity = self._capacity(live, seq)
-        if len(live) >= capacity:
+        capacity = self._capacity(seq)
+        if live >= capacity:
             return f"the measured step cost serves {capacity} live streams in real time"
         return None
 
@@ -329,11 +359,12 @@ class Scheduler:
             self._refused = refusal
 
     def _admit(self, seq: Sequence) -> None:
-        if not seq.bulk and len(self._live()) >= self._proven:  # past what ran in time: paced
+        if not seq.bulk and len(self.live) >= self._proven:  # past what ran in time: paced
             self._admitted += 1
         seq.slot, seq.admitted_at = self.free.popleft(), time.monotonic()
         seq.status = Status.FINALIZING if seq.final_at is not None else Status.RUNNING
         self.active[seq.stream_id] = seq
+        self.live.add(seq)
 
     def _release(self, seq: Sequence) -> list[Sequence]:
         """Free the stream's slot and admit waiting streams; returns every stream whose state changed."""
@@ -342,6 +373,7 @@ class Scheduler:
         if seq.status is Status.FINALIZING:
             seq.status = Status.FINISHED
         self.active.pop(seq.stream_id, None)
+        self.live.discard(seq)
         self._cv.notify_all()
         return self._admit_waiting()
 

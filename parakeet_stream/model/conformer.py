@@ -6,7 +6,7 @@ Module names follow NeMo's so converted checkpoints map one to one (apart from t
 from __future__ import annotations
 
 import math
-from functools import partial
+from functools import cache, partial
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +54,7 @@ class ChunkSpec:
         return 1 if chunk == 0 else self.factor
 
 
+@cache  # a pure function of two small values, asked for per chunk on the hot path
 def chunk_spec(lookahead: Lookahead, factor: int) -> ChunkSpec:
     right, pre_cache = lookahead[1], factor + 1
     return ChunkSpec(
@@ -175,6 +176,7 @@ class ConformerEncoder(nn.Module):
         self.layers = nn.ModuleList(ConformerLayer(cfg) for _ in range(cfg.n_layers))
         self.xscale = math.sqrt(cfg.d_model) if cfg.xscaling else None
         self._pos: dict = {}
+        self._frames: dict[tuple[int, Lookahead], int] = {}
 
     def chunk_spec(self, lookahead: Lookahead) -> ChunkSpec:
         return chunk_spec(lookahead, self.cfg.subsampling_factor)
@@ -227,7 +229,11 @@ class ConformerEncoder(nn.Module):
     def stream_frames(self, start: int, length: int, lookahead: Lookahead) -> int:
         """The valid frames `stream_pre_encode` gives a chunk whose mel frames [start, start + length)
         are valid: its returned length, known on the host without a copy from the device."""
-        return max(0, conv_out_length(start + length, self.pre_encode.stages) - self.chunk_spec(lookahead).drop)
+        key = (start + length, lookahead)
+        if key not in self._frames:  # a few window shapes per mode, asked for per chunk
+            self._frames[key] = max(0, conv_out_length(start + length, self.pre_encode.stages)
+                                    - self.chunk_spec(lookahead).drop)
+        return self._frames[key]
 
     def stream_layers(self, x, lens, pool: EncoderCache, slots: torch.Tensor, lookahead: Lookahead):
         """The conformer layers over one pre-encoded chunk per stream; streams' caches live in

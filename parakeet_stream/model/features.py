@@ -75,12 +75,11 @@ class LogMelFeatures(nn.Module):
         a = self.cfg.preemph
         if a == 0.0 or not samples.size:
             return samples
-        shifted = np.empty_like(samples)
-        shifted[0] = samples[0] if previous is None else previous
-        shifted[1:] = samples[:-1]
-        out = samples - np.float32(a) * shifted
-        if previous is None:
-            out[0] = samples[0]
+        a = np.float32(a)
+        out = samples.copy()
+        out[1:] -= a * samples[:-1]
+        if previous is not None:
+            out[0] -= a * previous
         return out
 
     def frames(self, segments: list[tuple[np.ndarray, int]]) -> torch.Tensor:
@@ -96,10 +95,9 @@ class LogMelFeatures(nn.Module):
         spans = np.array([-(-seg.size // hop) for seg, _ in segments], dtype=np.int64)  # in hops
         first = np.cumsum(spans) - spans
         rows = np.repeat(first, counts) + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-        packed = np.zeros(int(spans.sum()) * hop + total, np.float32)
-        for (seg, _), at in zip(segments, first * hop):
-            packed[at : at + seg.size] = seg
-        packed[packed.size - total :] = rows.astype(np.int32).view(np.float32)
+        zeros = np.zeros(hop, np.float32)  # each segment padded to whole hops: one concatenation
+        pieces = [part for (seg, _), span in zip(segments, spans.tolist()) for part in (seg, zeros[: span * hop - seg.size])]
+        packed = np.concatenate((*pieces, rows.astype(np.int32).view(np.float32)))
         packed = to_device(packed, self.fb.device)
         samples, rows = packed[: packed.numel() - total], packed[packed.numel() - total :].view(torch.int32)
         return samples.unfold(0, n_fft, hop).index_select(0, rows.long())
