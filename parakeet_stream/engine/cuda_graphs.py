@@ -7,8 +7,8 @@ captured once per batch size of `graph_sizes` and replayed with the step's rows 
 its static inputs. Rules that keep it right:
 
 - Every graph is captured at start-up (`capture`), before the stage threads run, in
-  "thread_local" capture mode: a capture syncs the device and empties the caching allocator,
-  and in "global" mode another thread's allocation during a capture is an error.
+  "thread_local" capture mode: in "global" mode another thread's allocation during a capture is
+  an error.
 - The sizes of one function share one set of static tensors (views of the largest) and the
   graphs of one CUDA stream share one memory pool (replays on one stream never overlap).
 - Each graph is captured on the stream that replays it (its stage's). A captured GEMM keeps the
@@ -114,8 +114,17 @@ class StaticBatches:
             self._keep(size, self.fn(*views, fixed=True))
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
-            self.out[:size].copy_(self.fn(*views, fixed=True))
+        # capture_begin/end as torch.cuda.graph does, without its empty_cache per graph: that hands
+        # the warm-up's memory (and the cached pinned host blocks) back to the driver before each of
+        # a few hundred captures, for the next warm-up to allocate again
+        torch.cuda.synchronize(device)
+        pool = {} if self.pool is None else {"pool": self.pool}
+        with torch.cuda.stream(stream):
+            graph.capture_begin(**pool, capture_error_mode="thread_local")
+            try:
+                self.out[:size].copy_(self.fn(*views, fixed=True))
+            finally:
+                graph.capture_end()
         self._graphs[size] = graph
 
     def _keep(self, size: int, result: torch.Tensor) -> None:
