@@ -3,8 +3,9 @@ stand-in device, at hundreds to thousands of real-time streams, on a CPU.
 
 On a GPU the arithmetic leaves the host; what stays is the Python around it (features framing,
 chunk cutting, scheduling, results, the audio's arrival) and the interpreter lock it shares with
-the server's protocol work. This benchmark keeps all of that and swaps the model's calls (log-mel,
-pre-encode, encoder layers, greedy decode) for a sleep on one lock, which takes a step's time off
+the server's protocol work. This benchmark keeps all of that and swaps the model's calls (the STFT
+frames cut from the packed samples and log-mel, pre-encode, encoder layers, greedy decode) for a
+sleep on one lock, which takes a step's time off
 the host as a GPU would: 9 ms + 0.048 ms per chunk, what random `large` costs in bfloat16 on an
 H200 (docs/performance.md), shared 10/70/20 among pre-encode, encode and decode, one step at a
 time. The decode stand-in emits one token per chunk, so results carry text. Streams push 20-160 ms
@@ -60,6 +61,9 @@ class StandIn:
         model, d = runner.model, runner.model.cfg.encoder.d_model
         n_mels = model.cfg.features.n_mels
 
+        def frames(segments):  # the samples packed on the host as on a GPU; the frames cut there
+            return torch.empty(model.features.pack(segments)[1], 0)
+
         def mel(frames):  # part of pre-encode's device time
             return torch.zeros(frames.size(0), n_mels)
 
@@ -80,7 +84,7 @@ class StandIn:
             out[:, 1 + 2 * width] = torch.tensor([1.0]).view(torch.int32)
             return out
 
-        model.features.mel, model.encoder.stream_pre_encode = mel, pre_encode
+        model.features.frames, model.features.mel, model.encoder.stream_pre_encode = frames, mel, pre_encode
         runner._layers, runner._greedy = layers, greedy
 
 

@@ -85,22 +85,27 @@ class LogMelFeatures(nn.Module):
     def frames(self, segments: list[tuple[np.ndarray, int]]) -> torch.Tensor:
         """FeatureStream segments -> their frames [F, n_fft] where the features are computed. The
         samples cross to the device in one copy (pinned on CUDA, not blocking) with the frames'
-        places, and frames are cut there: on the host they would weigh up to 3x the samples.
-        Each segment starts at a multiple of hop, so every frame is a row of one strided view."""
-        n_fft, hop = self.cfg.n_fft, self.cfg.hop_length
+        places, and frames are cut there: on the host they would weigh up to 3x the samples."""
+        packed, total = self.pack(segments)
+        if total == 0:
+            return torch.zeros(0, self.cfg.n_fft, device=self.fb.device)
+        packed = to_device(packed, self.fb.device)
+        samples, rows = packed[: packed.numel() - total], packed[packed.numel() - total :].view(torch.int32)
+        return samples.unfold(0, self.cfg.n_fft, self.cfg.hop_length).index_select(0, rows.long())
+
+    def pack(self, segments: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
+        """The host's part of `frames`: every segment's samples, each padded to whole hops so that
+        every frame is a row of one strided view, then the frames' rows in that view (int32 bits);
+        and the number of frames."""
+        hop = self.cfg.hop_length
         counts = np.array([count for _, count in segments], dtype=np.int64)
         total = int(counts.sum())
-        if total == 0:
-            return torch.zeros(0, n_fft, device=self.fb.device)
         spans = np.array([-(-seg.size // hop) for seg, _ in segments], dtype=np.int64)  # in hops
         first = np.cumsum(spans) - spans
         rows = np.repeat(first, counts) + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-        zeros = np.zeros(hop, np.float32)  # each segment padded to whole hops: one concatenation
+        zeros = np.zeros(hop, np.float32)
         pieces = [part for (seg, _), span in zip(segments, spans.tolist()) for part in (seg, zeros[: span * hop - seg.size])]
-        packed = np.concatenate((*pieces, rows.astype(np.int32).view(np.float32)))
-        packed = to_device(packed, self.fb.device)
-        samples, rows = packed[: packed.numel() - total], packed[packed.numel() - total :].view(torch.int32)
-        return samples.unfold(0, n_fft, hop).index_select(0, rows.long())
+        return np.concatenate((*pieces, rows.astype(np.int32).view(np.float32))), total
 
     def num_frames(self, n_samples: int) -> tuple[int, int]:
         """(valid frames, total frames incl. NeMo's zero-masked tail) for a whole utterance."""
