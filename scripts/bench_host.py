@@ -12,6 +12,7 @@ time. The decode stand-in emits one token per chunk, so results carry text. Stre
 packets in real time from one driver thread (as a server's protocol thread would).
 
     python scripts/bench_host.py --streams 256 512 1024 2048          # results/bench_host.json
+    python scripts/bench_host.py --streams 1024 --lockstep 30 --device-ms 0,0   # host time per stage
 
 Per level, after a 2 s warm-up of the same number of streams on the same engine (the step costs
 admission decides by, as on a running server): the chunk latency (p50, p95, first and last third;
@@ -31,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,6 +113,42 @@ def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: floa
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
 
 
+def lockstep(folder: Path, n: int, rounds: int, device: StandIn) -> dict:
+    """Every stream one 160 ms packet per round, pushed while the Scheduler is held (the round is one
+    step), then every result awaited: each stage's host time per chunk with no thread pushing audio
+    meanwhile. With `--device-ms 0,0` the stages' times are the host's alone."""
+    with ASREngine(folder, "cpu", max_num_streams=n, max_queue=n, max_batch=n, lookahead=(70, 1), threads=1) as engine:
+        device.install(engine.runner)
+        sids = [engine.create_stream(engine.default_lookahead) for _ in range(n)]
+        packets = (np.random.default_rng(n).standard_normal((n, int(engine.chunk_seconds(engine.default_lookahead)
+                                                                      * engine.sample_rate))) * 0.05).astype(np.float32)
+        wake = threading.Event()
+        for sid in sids:
+            engine.add_listener(sid, wake.set)
+
+        def round_(wait: float) -> int:
+            with engine.scheduler.held():
+                for sid, packet in zip(sids, packets):
+                    engine.push_audio(sid, packet)
+            answered, deadline = 0, time.monotonic() + wait
+            while answered < n and time.monotonic() < deadline:
+                wake.wait(0.05)
+                wake.clear()
+                answered += sum(r.latency is not None for sid in sids for r in engine.collect(sid))
+            return answered
+
+        while round_(0.5) < n or engine.stats()["active"] < n:  # admission lets a burst in a step at a time
+            pass
+        round_(60.0)  # the backlogs of the last admitted
+        totals0, cpu0 = engine.step_totals(), time.process_time()
+        chunks = sum(round_(60.0) for _ in range(rounds))
+        cpu, totals = time.process_time() - cpu0, engine.step_totals()
+    return {"streams": n, "rounds": rounds, "chunks": chunks, "steps": totals.steps - totals0.steps,
+            "cpu_us_per_chunk": round(1e6 * cpu / max(chunks, 1), 1),
+            "stage_us_per_chunk": {k: round(1e6 * (v - totals0.seconds.get(k, 0.0)) / max(chunks, 1), 1)
+                                   for k, v in totals.seconds.items()}}
+
+
 def device_ms(text: str) -> tuple[float, float]:
     try:
         fixed, per_chunk = (float(v) for v in text.split(","))
@@ -127,6 +165,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=9.0, help="audio per stream")
     ap.add_argument("--device-ms", type=device_ms, default="9,0.048", help="a step's device time: FIXED,PER_CHUNK milliseconds")
     ap.add_argument("--target-ms", type=float, default=320.0, help="p95 chunk latency a level must hold")
+    ap.add_argument("--lockstep", type=int, metavar="ROUNDS",
+                    help="instead of real-time levels: ROUNDS rounds of one packet per stream, one step each")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_host.json")
     args = ap.parse_args()
     single_threaded_host()
@@ -136,8 +176,16 @@ def main() -> None:
         folder = Path(tmp) / "nemotron_tiny"
         convert(str(ROOT / "tests/fixtures/nemo/nemotron_tiny.nemo"), folder)
         for n in args.streams:
-            runs.append(level(folder, n, args.seconds, StandIn(fixed, per_row), args.target_ms))
+            if args.lockstep:
+                runs.append(lockstep(folder, n, args.lockstep, StandIn(fixed, per_row)))
+            else:
+                runs.append(level(folder, n, args.seconds, StandIn(fixed, per_row), args.target_ms))
             print(json.dumps(runs[-1]), flush=True)
+    if args.lockstep:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"device_ms": [fixed, per_row], "lockstep": runs}, indent=2))
+        print(f"bench_host: wrote {args.out}")
+        return
     held = [r["streams"] for r in runs if r["holds"]]
     summary = {"device_ms": [fixed, per_row], "target_ms": args.target_ms, "capacity": max(held, default=0), "levels": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)

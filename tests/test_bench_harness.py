@@ -95,3 +95,14 @@ def test_the_host_benchmark_refuses_a_bad_device_time_in_one_line():
     for bad in ("banana", "9", "-1,0.5"):
         out = subprocess.run([sys.executable, str(script), "--device-ms", bad], capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and "--device-ms:" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_host_benchmarks_lockstep_makes_each_round_one_step_and_answers_every_chunk(tmp_path):
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
+    out = subprocess.run([sys.executable, str(script), "--streams", "8", "--lockstep", "3", "--device-ms", "0,0",
+                          "--out", str(tmp_path / "lockstep.json")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    (level,) = json.loads((tmp_path / "lockstep.json").read_text())["lockstep"]
+    assert (level["streams"], level["chunks"], level["steps"]) == (8, 24, 3)
+    assert set(level["stage_us_per_chunk"]) == {"pre-encode", "encode", "decode", "results"}
+    assert all(v > 0 for v in level["stage_us_per_chunk"].values()) and level["cpu_us_per_chunk"] > 0

@@ -26,10 +26,12 @@ decide for them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Iterator
 
 from .errors import QueueFull
 from .latency import LatencyTarget
@@ -223,6 +225,12 @@ class Scheduler:
     def latency_figures(self) -> dict[str, float]:
         with self._cv:
             return self.latency.figures()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """No step is scheduled while held: a burst of pushes lands in one step (benchmarks)."""
+        with self._cv:
+            yield
 
     def stop(self) -> None:
         with self._cv:
