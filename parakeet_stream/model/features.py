@@ -42,6 +42,9 @@ def slaney_mel_filterbank(sample_rate: int, n_fft: int, n_mels: int) -> np.ndarr
     return weights.astype(np.float32)
 
 
+Segment = tuple[tuple[np.ndarray, ...], int]  # FeatureStream's: raw sample pieces, frames
+
+
 class LogMelFeatures(nn.Module):
     """NeMo-equivalent log-mel features; `mel` turns emphasised sample frames into features."""
 
@@ -69,42 +72,37 @@ class LogMelFeatures(nn.Module):
             mag = mag.pow(cfg.mag_power)
         return torch.log(torch.matmul(mag, self.fb.t()) + cfg.log_guard)[:n]
 
-    def emphasise(self, samples: np.ndarray, previous: float | None = None) -> np.ndarray:
-        """Pre-emphasis y[n] = x[n] - a * x[n-1] (float32, on the host); `previous` is the sample before
-        `samples` (None: the first one is kept as it is)."""
-        a = self.cfg.preemph
-        if a == 0.0 or not samples.size:
-            return samples
-        a = np.float32(a)
-        out = samples.copy()
-        out[1:] -= a * samples[:-1]
-        if previous is not None:
-            out[0] -= a * previous
-        return out
-
-    def frames(self, segments: list[tuple[np.ndarray, int]]) -> torch.Tensor:
-        """FeatureStream segments -> their frames [F, n_fft] where the features are computed. The
-        samples cross to the device in one copy (pinned on CUDA, not blocking) with the frames'
-        places, and frames are cut there: on the host they would weigh up to 3x the samples."""
+    def frames(self, segments: list[Segment]) -> torch.Tensor:
+        """FeatureStream segments -> their emphasised frames [F, n_fft] where the features are
+        computed. The raw samples cross to the device in one copy (pinned on CUDA, not blocking)
+        with the frames' places; pre-emphasis and the frames are made there: frames on the host
+        would weigh up to 3x the samples."""
         packed, total = self.pack(segments)
         if total == 0:
             return torch.zeros(0, self.cfg.n_fft, device=self.fb.device)
         packed = to_device(packed, self.fb.device)
-        samples, rows = packed[: packed.numel() - total], packed[packed.numel() - total :].view(torch.int32)
-        return samples.unfold(0, self.cfg.n_fft, self.cfg.hop_length).index_select(0, rows.long())
+        x, rows = packed[: packed.numel() - total], packed[packed.numel() - total :].view(torch.int32)
+        a = self.cfg.preemph
+        if a:  # y[n] = x[n] - a x[n-1]: each segment's first sample follows its stream's previous one
+            x = torch.cat((x[:1], x[1:] - a * x[:-1]))
+        return x.unfold(0, self.cfg.n_fft, self.cfg.hop_length).index_select(0, rows.long())
 
-    def pack(self, segments: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, int]:
-        """The host's part of `frames`: every segment's samples, each padded to whole hops so that
-        every frame is a row of one strided view, then the frames' rows in that view (int32 bits);
-        and the number of frames."""
+    def pack(self, segments: list[Segment]) -> tuple[np.ndarray, int]:
+        """The host's part of `frames`: every segment's raw samples, laid out so that each one's
+        first frame starts at a multiple of hop (its previous sample just before it, the space
+        between segments zeros): every frame is then a row of one strided view. Then the frames'
+        rows in that view (int32 bits). Returns (packed, number of frames)."""
         hop = self.cfg.hop_length
+        sizes = np.array([sum(piece.size for piece in pieces) for pieces, _ in segments], dtype=np.int64)
         counts = np.array([count for _, count in segments], dtype=np.int64)
         total = int(counts.sum())
-        spans = np.array([-(-seg.size // hop) for seg, _ in segments], dtype=np.int64)  # in hops
-        first = np.cumsum(spans) - spans
-        rows = np.repeat(first, counts) + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        spans = -(-sizes // hop)  # each segment (its previous sample first) in whole hops
+        first = hop - 1 + np.cumsum(spans * hop) - spans * hop  # where each segment's previous sample lands
+        rows = np.repeat((first + 1) // hop, counts) + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
         zeros = np.zeros(hop, np.float32)
-        pieces = [part for (seg, _), span in zip(segments, spans.tolist()) for part in (seg, zeros[: span * hop - seg.size])]
+        pieces = [zeros[:-1]]
+        for (parts, _), size, span in zip(segments, sizes.tolist(), spans.tolist()):
+            pieces += [*parts, zeros[: span * hop - size]]
         return np.concatenate((*pieces, rows.astype(np.int32).view(np.float32))), total
 
     def num_frames(self, n_samples: int) -> tuple[int, int]:
@@ -124,17 +122,20 @@ class LogMelFeatures(nn.Module):
 
 
 class FeatureStream:
-    """Incremental framing of one stream, on the host: push samples, get back the emphasised samples
-    that hold every newly complete frame (a segment), so that many streams' frames go through
-    `LogMelFeatures.frames` and `mel` in one batch.
+    """Incremental framing of one stream, on the host: push raw samples, get back the segment that
+    holds every newly complete frame, so that many streams' frames go through
+    `LogMelFeatures.frames` and `mel` in one batch. A segment is (pieces, frames): raw samples
+    whose concatenation is the sample before the frames' first one (pre-emphasis reads it), then
+    the samples their frames cover (at least n_fft + hop * (frames - 1) of them).
     """
 
     def __init__(self, features: LogMelFeatures):
         self.cfg = features.cfg
-        self.emphasise = features.emphasise
         self.num_frames = features.num_frames
-        self.buffer = np.zeros(self.cfg.n_fft // 2, np.float32)  # centred STFT: zero padding on the left
-        self.last_sample: float | None = None
+        # the sample before the first frame not computed yet, then the samples from there on; at
+        # the start: a zero (pre-emphasis keeps the first sample as it is) and the centred STFT's
+        # n_fft // 2 zeros of padding
+        self.raw = np.zeros(1 + self.cfg.n_fft // 2, np.float32)
         self.n_samples = 0
         self.frames_done = 0
 
@@ -143,36 +144,37 @@ class FeatureStream:
         """Frames NeMo counts as valid for the samples pushed so far (final once the stream ends)."""
         return self.num_frames(self.n_samples)[0]
 
-    def _take(self, n: int) -> tuple[np.ndarray, int]:
-        """The next n frames as (segment, n): frame j of them is segment[j * hop : j * hop + n_fft]."""
-        cfg = self.cfg
-        if n <= 0:
-            return np.zeros(0, np.float32), 0
-        segment = self.buffer[: cfg.n_fft + cfg.hop_length * (n - 1)]
-        self.buffer = self.buffer[n * cfg.hop_length :]
-        self.frames_done += n
-        return segment, n
+    def push(self, samples: np.ndarray) -> Segment:
+        """Append float32 samples [N]; returns the segment of the newly complete frames."""
+        cfg, raw = self.cfg, self.raw
+        have = raw.size - 1 + samples.size
+        ready = (have - cfg.n_fft) // cfg.hop_length + 1 if have >= cfg.n_fft else 0
+        self.n_samples += samples.size
+        self.frames_done += ready
+        keep = ready * cfg.hop_length  # where the sample before the next frame is, in raw + samples
+        self.raw = samples[keep - raw.size :] if keep >= raw.size else np.concatenate((raw[keep:], samples))
+        return ((raw, samples), ready) if ready else ((), 0)
 
-    def push(self, samples: np.ndarray) -> tuple[np.ndarray, int]:
-        """Append float32 samples [N]; returns the segment of the newly complete frames and their count."""
-        if samples.size:
-            self.buffer = np.concatenate((self.buffer, self.emphasise(samples, self.last_sample)))
-            self.last_sample = samples[-1]
-            self.n_samples += samples.size
-        ready = 0
-        if self.buffer.size >= self.cfg.n_fft:
-            ready = (self.buffer.size - self.cfg.n_fft) // self.cfg.hop_length + 1
-        return self._take(ready)
-
-    def flush(self) -> tuple[np.ndarray, int]:
+    def flush(self) -> Segment:
         """End of stream: the remaining frames up to NeMo's total count (zero-padded samples).
 
         Frames from index `valid_frames` on are zero-masked by NeMo; the caller zeroes their features.
         """
         cfg = self.cfg
         if self.n_samples == 0:  # no audio at all: nothing to transcribe
-            return np.zeros(0, np.float32), 0
+            return (), 0
         need = self.num_frames(self.n_samples)[1] - self.frames_done
-        total = cfg.n_fft + cfg.hop_length * (need - 1)
-        self.buffer = np.pad(self.buffer, (0, max(0, total - self.buffer.size)))
-        return self._take(need)
+        pad = max(0, cfg.n_fft + cfg.hop_length * (need - 1) - (self.raw.size - 1))
+        self.frames_done += need
+        return (self.raw, self._silence(pad)), need
+
+    def _silence(self, n: int) -> np.ndarray:
+        """`n` raw samples that pre-emphasis turns into zeros after the last one: NeMo pads the
+        emphasised signal (the STFT's centring), so each is a times the one before (float32, as
+        `frames` multiplies: exactly zero after emphasis)."""
+        a, value = np.float32(self.cfg.preemph), self.raw[-1]
+        out = np.empty(n, np.float32)
+        for i in range(n):
+            value = a * value
+            out[i] = value
+        return out
