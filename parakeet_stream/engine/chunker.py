@@ -58,17 +58,23 @@ def add_features(features: LogMelFeatures, fronts: list[FrontEnd], samples: list
     their log-mel frames in one batch."""
     segments, counts = [], []
     for front, new, is_last in zip(fronts, samples, last):
-        parts = [front.framing.push(np.asarray(new, np.float32))]
+        segment = front.framing.push(np.asarray(new, np.float32))
+        segments.append(segment)
+        count = segment[1]
         if is_last:
-            parts.append(front.framing.flush())
-        segments += parts
-        counts.append(sum(n for _, n in parts))
+            segments.append(end := front.framing.flush())
+            count += end[1]
+        counts.append(count)
     fb = features.fb
-    mel = features.mel(features.frames(segments)) if sum(counts) else fb.new_zeros(0, fb.size(0))
+    total = sum(counts)
+    mel = features.mel(features.frames(segments)) if total else fb.new_zeros(0, fb.size(0))
     mel = mel.float().cpu().numpy()  # one copy back: the per-stream work below is numpy's
-    for front, m, is_last in zip(fronts, np.split(mel, np.cumsum(counts)[:-1]), last):
+    at = 0
+    for front, count, is_last in zip(fronts, counts, last):
+        m = mel[at : at + count]
+        at += count
         if is_last:  # NeMo zero-masks the frames past samples // hop
-            done = front.framing.frames_done - m.shape[0]
+            done = front.framing.frames_done - count
             m[max(0, front.framing.valid_frames - done) :] = 0.0
         if front.mel is None:
             front.mel = np.zeros((0, front.n_mels), np.float32)
