@@ -172,9 +172,6 @@ class FeatureStream:
         """`n` raw samples that pre-emphasis turns into zeros after the last one: NeMo pads the
         emphasised signal (the STFT's centring), so each is a times the one before (float32, as
         `frames` multiplies: exactly zero after emphasis)."""
-        a, value = np.float32(self.cfg.preemph), self.raw[-1]
-        out = np.empty(n, np.float32)
-        for i in range(n):
-            value = a * value
-            out[i] = value
-        return out
+        factors = np.full(n + 1, self.cfg.preemph, np.float32)
+        factors[0] = self.raw[-1]
+        return np.multiply.accumulate(factors)[1:]  # float32 products in order, as a loop would make them
