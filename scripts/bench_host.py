@@ -25,11 +25,13 @@ step, and the process's CPU microseconds per chunk. `--device-ms A,B` sets the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,7 @@ from parakeet_stream.host import single_threaded_host  # noqa: E402
 from parakeet_stream.tools.convert import convert  # noqa: E402
 
 SHARE = {"pre-encode": 0.1, "encode": 0.7, "decode": 0.2}
+WARM_UP_ROUNDS = 300  # lockstep: rounds to wait for every stream to be admitted
 TOKEN = 5  # what the decode stand-in emits: one token per chunk
 
 
@@ -90,10 +93,18 @@ class StandIn:
         runner._layers, runner._greedy = layers, greedy
 
 
-def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: float) -> dict:
-    with ASREngine(folder, "cpu", max_num_streams=n, max_queue=n, max_batch=n, latency_target=target_ms / 1000,
-                   lookahead=(70, 1), threads=1) as engine:  # 160 ms chunks; the stages on threads of their own, as on a GPU
+@contextlib.contextmanager
+def stand_in_engine(folder: Path, n: int, device: StandIn, **options) -> Iterator[ASREngine]:
+    """The engine for `n` streams of 160 ms chunks, its stages on threads of their own as on a GPU,
+    the model's arithmetic replaced by `device`."""
+    with ASREngine(folder, "cpu", max_num_streams=n, max_queue=n, max_batch=n, lookahead=(70, 1), threads=1,
+                   **options) as engine:
         device.install(engine.runner)
+        yield engine
+
+
+def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: float) -> dict:
+    with stand_in_engine(folder, n, device, latency_target=target_ms / 1000) as engine:
         mode = engine.default_lookahead
         chunk_ms = engine.chunk_seconds(mode) * 1000
         run_level(engine, n, 2.0, mode)  # warm-up: the step costs admission decides by, as on a running server
@@ -117,8 +128,7 @@ def lockstep(folder: Path, n: int, rounds: int, device: StandIn) -> dict:
     """Every stream one 160 ms packet per round, pushed while the Scheduler is held (the round is one
     step), then every result awaited: each stage's host time per chunk with no thread pushing audio
     meanwhile. With `--device-ms 0,0` the stages' times are the host's alone."""
-    with ASREngine(folder, "cpu", max_num_streams=n, max_queue=n, max_batch=n, lookahead=(70, 1), threads=1) as engine:
-        device.install(engine.runner)
+    with stand_in_engine(folder, n, device) as engine:
         sids = [engine.create_stream(engine.default_lookahead) for _ in range(n)]
         packets = (np.random.default_rng(n).standard_normal((n, int(engine.chunk_seconds(engine.default_lookahead)
                                                                       * engine.sample_rate))) * 0.05).astype(np.float32)
@@ -137,8 +147,11 @@ def lockstep(folder: Path, n: int, rounds: int, device: StandIn) -> dict:
                 answered += sum(r.latency is not None for sid in sids for r in engine.collect(sid))
             return answered
 
-        while round_(0.5) < n or engine.stats()["active"] < n:  # admission lets a burst in a step at a time
-            pass
+        for _ in range(WARM_UP_ROUNDS):  # admission lets a burst in a step at a time
+            if round_(0.5) >= n and engine.stats()["active"] == n:
+                break
+        else:
+            raise SystemExit(f"bench_host: {n} streams were not all admitted and answered after {WARM_UP_ROUNDS} rounds")
         round_(60.0)  # the backlogs of the last admitted
         totals0, cpu0 = engine.step_totals(), time.process_time()
         chunks = sum(round_(60.0) for _ in range(rounds))
@@ -147,6 +160,16 @@ def lockstep(folder: Path, n: int, rounds: int, device: StandIn) -> dict:
             "cpu_us_per_chunk": round(1e6 * cpu / max(chunks, 1), 1),
             "stage_us_per_chunk": {k: round(1e6 * (v - totals0.seconds.get(k, 0.0)) / max(chunks, 1), 1)
                                    for k, v in totals.seconds.items()}}
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1; got {text!r}")
+    return value
 
 
 def device_ms(text: str) -> tuple[float, float]:
@@ -161,11 +184,11 @@ def device_ms(text: str) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--streams", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    ap.add_argument("--streams", type=positive, nargs="+", default=[256, 512, 1024, 2048])
     ap.add_argument("--seconds", type=float, default=9.0, help="audio per stream")
     ap.add_argument("--device-ms", type=device_ms, default="9,0.048", help="a step's device time: FIXED,PER_CHUNK milliseconds")
     ap.add_argument("--target-ms", type=float, default=320.0, help="p95 chunk latency a level must hold")
-    ap.add_argument("--lockstep", type=int, metavar="ROUNDS",
+    ap.add_argument("--lockstep", type=positive, metavar="ROUNDS",
                     help="instead of real-time levels: ROUNDS rounds of one packet per stream, one step each")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_host.json")
     args = ap.parse_args()

@@ -97,6 +97,14 @@ def test_the_host_benchmark_refuses_a_bad_device_time_in_one_line():
         assert out.returncode == 2 and "--device-ms:" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def test_the_host_benchmark_refuses_a_count_below_one_in_one_line():
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
+    for args in (["--lockstep", "0"], ["--lockstep", "-3"], ["--lockstep", "x"], ["--streams", "0"]):
+        out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and f"{args[0]}:" in out.stderr and "at least 1" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+
+
 def test_the_host_benchmarks_lockstep_makes_each_round_one_step_and_answers_every_chunk(tmp_path):
     script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
     out = subprocess.run([sys.executable, str(script), "--streams", "8", "--lockstep", "3", "--device-ms", "0,0",
