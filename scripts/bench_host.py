@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_engine import keeps_up, run_level  # noqa: E402
 from parakeet_stream.engine import ASREngine  # noqa: E402
 from parakeet_stream.engine.model_runner import ModelRunner  # noqa: E402
+from parakeet_stream.engine.options import whole_number  # noqa: E402
 from parakeet_stream.host import single_threaded_host  # noqa: E402
 from parakeet_stream.tools.convert import convert  # noqa: E402
 
@@ -162,16 +163,6 @@ def lockstep(folder: Path, n: int, rounds: int, device: StandIn) -> dict:
                                    for k, v in totals.seconds.items()}}
 
 
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a whole number of at least 1; got {text!r}")
-    return value
-
-
 def device_ms(text: str) -> tuple[float, float]:
     try:
         fixed, per_chunk = (float(v) for v in text.split(","))
@@ -184,11 +175,11 @@ def device_ms(text: str) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--streams", type=positive, nargs="+", default=[256, 512, 1024, 2048])
+    ap.add_argument("--streams", type=whole_number, nargs="+", default=[256, 512, 1024, 2048])
     ap.add_argument("--seconds", type=float, default=9.0, help="audio per stream")
     ap.add_argument("--device-ms", type=device_ms, default="9,0.048", help="a step's device time: FIXED,PER_CHUNK milliseconds")
     ap.add_argument("--target-ms", type=float, default=320.0, help="p95 chunk latency a level must hold")
-    ap.add_argument("--lockstep", type=positive, metavar="ROUNDS",
+    ap.add_argument("--lockstep", type=whole_number, metavar="ROUNDS",
                     help="instead of real-time levels: ROUNDS rounds of one packet per stream, one step each")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_host.json")
     args = ap.parse_args()

@@ -48,15 +48,20 @@ def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dt
     return max(1, min(cap, int(free_memory(device) * 0.5) // per_slot))
 
 
-def thread_count(text: str) -> int:
-    """--threads: a whole number of at least 1."""
+def whole_number(text: str, of: str = "") -> int:
+    """A flag's whole number of at least 1 (`of`: what it counts, for the message)."""
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of threads, at least 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a whole number{of and ' of ' + of}, at least 1, got {text!r}")
     return value
+
+
+def thread_count(text: str) -> int:
+    """--threads: a whole number of at least 1."""
+    return whole_number(text, "threads")
 
 
 def _seconds(text: str) -> float:
