@@ -26,7 +26,7 @@ from trio_websocket import ConnectionClosed, open_websocket_url
 from wsproto.events import CloseConnection, Request, TextMessage
 
 from parakeet_stream.client import encode_audio
-from parakeet_stream.engine import ASREngine, StreamResult
+from parakeet_stream.engine import ASREngine, StreamResult, chunker
 from parakeet_stream.engine.client import EngineClient
 from parakeet_stream.engine.service import EngineService
 from parakeet_stream.engine.phrases import MAX_PHRASE_TOKENS, PhraseError
@@ -550,3 +550,19 @@ class Server:
 def assert_clean_log(log: str) -> None:
     assert "Traceback" not in log, log[-3000:]
     assert not re.search(r" (ERROR|CRITICAL) ", log), log[-3000:]
+
+
+def cut_whole(model, audios: list[np.ndarray], lookahead) -> list[list[tuple[np.ndarray, int, int]]]:
+    """Every chunk of whole utterances, a stream each, as the engine's pre-encode stage cuts them
+    (chunker.FrontEnds): per stream, (mel frames [window, n_mels], valid start, valid length) per chunk."""
+    spec = model.encoder.chunk_spec(lookahead)
+    store = chunker.FrontEnds(model.features, len(audios))
+    fronts = [chunker.FrontEnd(model.features, spec) for _ in audios]
+    last = [True] * len(audios)
+    rows = store.lay_out(fronts, list(range(len(audios))), *store.new_frames(fronts, audios, last))
+    windows = store.cut(fronts, rows, list(range(len(audios))), [0] * len(audios), last)
+    out: list[list[tuple[np.ndarray, int, int]]] = [[] for _ in audios]
+    frames = windows.frames.cpu().numpy()
+    for i, owner in enumerate(windows.owner.tolist()):
+        out[owner].append((frames[i], int(windows.start[i]), int(windows.length[i])))
+    return out

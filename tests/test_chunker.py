@@ -18,16 +18,33 @@ FEATURES = LogMelFeatures(FeatureConfig())
 N_MELS = FEATURES.cfg.n_mels
 
 
-def numbered(spec, frames: int) -> FrontEnd:
-    """A front end holding `frames` mel frames; frame i (0-based) is filled with i + 1, so 0 is padding."""
-    front = FrontEnd(FEATURES, spec)
-    chunker.add_features(FEATURES, [front], [torch.zeros(0)], [False])
-    front.mel = np.concatenate((front.mel, more(0, frames)))
-    return front
+class Numbered:
+    """One stream's front end fed numbered mel frames: frame i (0-based) is filled with i + 1, so 0 is
+    padding. Each call is one step of the engine's: new frames laid out with the carried ones, cut, kept."""
 
+    def __init__(self, spec, frames: int = 0):
+        self.store, self.front, self.frames = chunker.FrontEnds(FEATURES, 1), FrontEnd(FEATURES, spec), 0
+        self.cut(0, last=False, more=frames)
 
-def more(start: int, frames: int) -> np.ndarray:
-    return np.repeat(np.arange(start + 1, start + frames + 1, dtype=np.float32)[:, None], N_MELS, axis=1)
+    def cut(self, count: int, last: bool, more: int = 0) -> list[tuple[list[int], int, int]]:
+        """`more` new frames, then the next `count` chunks: (frame ids, valid start, valid length) of each."""
+        mel = torch.arange(self.frames + 1, self.frames + more + 1, dtype=torch.float32)[:, None].repeat(1, N_MELS)
+        self.frames += more
+        rows = self.store.lay_out([self.front], [0], mel, np.array([more]))
+        windows = self.store.cut([self.front], rows, [0], [count], [last])
+        self.store.keep([self.front], [0], rows)
+        if windows is None:
+            return []
+        return [(ids(w), s, n) for w, s, n in zip(windows.frames.numpy(), windows.start.tolist(), windows.length.tolist())]
+
+    @property
+    def history(self) -> list[int]:
+        return ids(self.store.carry[0, : self.front.spec.pre_cache].numpy())
+
+    @property
+    def waiting(self) -> int:
+        """Frames not cut yet."""
+        return self.front.carried - self.front.spec.pre_cache
 
 
 def ids(rows: np.ndarray) -> list[int]:
@@ -36,71 +53,99 @@ def ids(rows: np.ndarray) -> list[int]:
 
 def test_first_chunk_is_left_padded_to_the_window():
     spec = chunk_spec((70, 1), 8)  # first 9 frames, later 16, pre-encode cache 9
-    front = numbered(spec, 30)
-    (w,) = chunker.cut(front, 1, last=False)
-    assert w.frames.shape == (spec.window, N_MELS) == (25, N_MELS)
-    assert (w.start, w.length) == (spec.first_pad, spec.first_frames) == (16, 9)
-    assert ids(w.frames) == [0] * 16 + list(range(1, 10))
-    assert ids(front.history) == list(range(1, 10))
-    assert front.chunks_cut == 1 and front.mel.shape[0] == 21
+    stream = Numbered(spec, 30)
+    ((frames, start, length),) = stream.cut(1, last=False)
+    assert len(frames) == spec.window == 25
+    assert (start, length) == (spec.first_pad, spec.first_frames) == (16, 9)
+    assert frames == [0] * 16 + list(range(1, 10))
+    assert stream.history == list(range(1, 10))
+    assert stream.front.chunks_cut == 1 and stream.waiting == 21
 
 
 def test_later_chunks_carry_the_previous_frames_and_only_whole_ones_are_cut():
     spec = chunk_spec((70, 1), 8)
-    front = numbered(spec, 30)
-    windows = chunker.cut(front, 5, last=False)
+    stream = Numbered(spec, 30)
+    windows = stream.cut(5, last=False)
     assert len(windows) == 2  # 9 + 16 frames; the 5 left wait for more
-    w = windows[1]
-    assert (w.start, w.length) == (0, spec.window)
-    assert ids(w.frames) == list(range(1, 26))  # history (1..9), then its own 16 frames
-    assert ids(front.history) == list(range(17, 26))
-    front.mel = np.concatenate((front.mel, more(30, 11)))
-    assert [ids(w.frames)[-1] for w in chunker.cut(front, 5, last=False)] == [41]
+    frames, start, length = windows[1]
+    assert (start, length) == (0, spec.window)
+    assert frames == list(range(1, 26))  # history (1..9), then its own 16 frames
+    assert stream.history == list(range(17, 26))
+    assert [frames[-1] for frames, _, _ in stream.cut(5, last=False, more=11)] == [41]
+
+
+def test_new_frames_and_cuts_in_one_step_read_the_carried_ones_before_them():
+    spec = chunk_spec((70, 1), 8)
+    stream = Numbered(spec, 9 + 5)  # the first chunk and 5 frames of the second
+    stream.cut(1, last=False)
+    ((frames, _, _),) = stream.cut(1, last=False, more=11)
+    assert frames == list(range(1, 26))
 
 
 def test_cut_takes_at_most_count_chunks():
     spec = chunk_spec((70, 1), 8)
-    front = numbered(spec, 9 + 16 * 4)
-    assert len(chunker.cut(front, 2, last=False)) == 2
-    assert len(chunker.cut(front, 0, last=False)) == 0
-    assert len(chunker.cut(front, 9, last=False)) == 3
+    stream = Numbered(spec, 9 + 16 * 4)
+    assert len(stream.cut(2, last=False)) == 2
+    assert len(stream.cut(0, last=False)) == 0
+    assert len(stream.cut(9, last=False)) == 3
 
 
 def test_history_of_a_first_chunk_shorter_than_the_cache_is_zero_padded():
     spec = chunk_spec((70, 0), 8)  # first chunk: one frame
-    front = numbered(spec, 1 + 8)
-    first, second = chunker.cut(front, 2, last=False)
-    assert ids(first.frames) == [0] * 16 + [1] and (first.start, first.length) == (16, 1)
-    assert ids(second.frames) == [0] * 8 + [1] + list(range(2, 10))
+    first, second = Numbered(spec, 1 + 8).cut(2, last=False)
+    assert first == ([0] * 16 + [1], 16, 1)
+    assert second[0] == [0] * 8 + [1] + list(range(2, 10))
 
 
 @pytest.mark.parametrize("left,kept", [(8, True), (12, True), (7, False)])
 def test_the_partial_last_chunk_is_kept_from_one_subsampling_step(left, kept):
     spec = chunk_spec((70, 1), 8)
-    front = numbered(spec, 9 + left)
-    assert len(chunker.cut(front, 2, last=False)) == 1
-    rest = chunker.cut(front, 0, last=True)
+    stream = Numbered(spec, 9 + left)
+    assert len(stream.cut(2, last=False)) == 1
+    rest = stream.cut(0, last=True)
     assert len(rest) == kept
     if kept:
-        (w,) = rest
-        assert (w.start, w.length) == (0, spec.pre_cache + left)
-        assert ids(w.frames) == list(range(1, 10 + left)) + [0] * (16 - left)
+        ((frames, start, length),) = rest
+        assert (start, length) == (0, spec.pre_cache + left)
+        assert frames == list(range(1, 10 + left)) + [0] * (16 - left)
 
 
 @pytest.mark.parametrize("frames", [1, 5])
 def test_a_short_stream_is_one_partial_first_chunk(frames):
     spec = chunk_spec((70, 1), 8)
-    (w,) = chunker.cut(numbered(spec, frames), 0, last=True)
-    assert (w.start, w.length) == (spec.first_pad, frames)
+    ((_, start, length),) = Numbered(spec, frames).cut(0, last=True)
+    assert (start, length) == (spec.first_pad, frames)
+
+
+def test_streams_of_a_step_keep_their_own_timelines_whatever_slot_they_hold():
+    """Three streams in slots 2, 0 and 1 of a pool of 4, their frames laid out together step by step
+    (new frames of one, none of another): every window holds its own stream's frames, in order."""
+    spec = chunk_spec((70, 1), 8)
+    store, fronts, slots = chunker.FrontEnds(FEATURES, 4), [FrontEnd(FEATURES, spec) for _ in range(3)], [2, 0, 1]
+    made, seen = [0, 0, 0], [[], [], []]
+    for more in [(20, 3, 0), (16, 30, 25), (7, 16, 15)]:
+        parts = []
+        for s, n in enumerate(more):  # stream s's frame i is 1000 (s + 1) + i: where a row came from shows
+            parts.append(torch.arange(1, n + 1, dtype=torch.float32) + made[s] + 1000 * (s + 1))
+            made[s] += n
+        rows = store.lay_out(fronts, slots, torch.cat(parts)[:, None].repeat(1, N_MELS), np.array(more))
+        windows = store.cut(fronts, rows, [0, 1, 2], [9, 9, 9], [False] * 3)
+        store.keep(fronts, slots, rows)
+        for w, owner in zip(windows.frames.numpy(), windows.owner.tolist()):
+            seen[owner].append([i for i in ids(w) if i])
+    for s in range(3):
+        cut = 9 + 16 * (len(seen[s]) - 1)
+        assert seen[s][0] == [1000 * (s + 1) + i for i in range(1, 10)], s
+        assert seen[s][-1] == [1000 * (s + 1) + i for i in range(cut - 24, cut + 1)], s
+    assert [front.chunks_cut for front in fronts] == [3, 3, 2]
 
 
 def test_the_last_features_are_zero_masked_past_samples_over_hop():
-    front = FrontEnd(FEATURES, chunk_spec((70, 1), 8))
-    n = 1000
-    chunker.add_features(FEATURES, [front], [torch.randn(n)], [True])
+    front, n = FrontEnd(FEATURES, chunk_spec((70, 1), 8)), 1000
+    mel, counts = chunker.FrontEnds(FEATURES, 1).new_frames([front], [np.random.default_rng(0).standard_normal(n)], [True])
     valid = n // FEATURES.cfg.hop_length
-    assert front.mel.shape[0] == valid + 1
-    assert bool((front.mel[valid:] == 0).all()) and bool((front.mel[:valid] != 0).all())
+    assert counts.tolist() == [valid + 1] and mel.shape[0] == valid + 1
+    assert bool((mel[valid:] == 0).all()) and bool((mel[:valid] != 0).all())
 
 
 def _modes(models):
@@ -112,37 +157,42 @@ def model_modes(eou_model, nemotron_model):
     return _modes([eou_model, nemotron_model])
 
 
-def _start(model, mode) -> tuple[Inbox, FrontEnd]:
-    spec, fcfg = model.encoder.chunk_spec(mode), model.cfg.features
-    return Inbox(spec, fcfg.hop_length, fcfg.n_fft), FrontEnd(model.features, spec)
+class Framed:
+    """One stream of a model's mode through the engine's inbox and front end, a step per `frame`."""
 
+    def __init__(self, model, mode):
+        spec, fcfg = model.encoder.chunk_spec(mode), model.cfg.features
+        self.inbox, self.front = Inbox(spec, fcfg.hop_length, fcfg.n_fft), FrontEnd(model.features, spec)
+        self.store = chunker.FrontEnds(model.features, 1)
 
-def _frame(model, inbox: Inbox, front: FrontEnd, upto: int | None = None, last: bool = False) -> None:
-    chunker.add_features(model.features, [front], [inbox.take_samples(upto)], [last])
+    def step(self, count: int = 9, upto: int | None = None, last: bool = False) -> list[int]:
+        """Frame what the inbox has (up to sample `upto`), cut up to `count` chunks: their valid lengths."""
+        new = self.store.new_frames([self.front], [self.inbox.take_samples(upto)], [last])
+        rows = self.store.lay_out([self.front], [0], *new)
+        windows = self.store.cut([self.front], rows, [0], [count], [last])
+        self.store.keep([self.front], [0], rows)
+        return [] if windows is None else windows.length.tolist()
 
 
 def test_a_chunk_is_ready_in_samples_exactly_when_its_frames_are_there(model_modes):
     rng = np.random.default_rng(0)
     for model, mode in model_modes:
-        inbox, front = _start(model, mode)
+        stream = Framed(model, mode)
+        inbox = stream.inbox
         for k in range(5):
             short = inbox.samples_for(k) - 1 - inbox.samples_in
             inbox.add(rng.standard_normal(short).astype(np.float32))
-            _frame(model, inbox, front)
-            assert inbox.chunks_ready == k and len(chunker.cut(front, 9, last=False)) == 0, (mode, k)
+            assert len(stream.step()) == 0 and inbox.chunks_ready == k, (mode, k)
             inbox.add(rng.standard_normal(1).astype(np.float32))
-            _frame(model, inbox, front)
-            assert inbox.chunks_ready == k + 1 and len(chunker.cut(front, 9, last=False)) == 1, (mode, k)
+            assert len(stream.step()) == 1 and inbox.chunks_ready == k + 1, (mode, k)
 
 
 def test_a_backlog_framed_up_to_a_chunk_cuts_exactly_up_to_it(model_modes):
     for model, mode in model_modes:
-        inbox, front = _start(model, mode)
-        inbox.add(np.zeros(inbox.samples_for(6) + 500, np.float32))
-        _frame(model, inbox, front, upto=inbox.samples_for(2))
-        assert len(chunker.cut(front, 9, last=False)) == 3, mode
-        _frame(model, inbox, front, upto=inbox.samples_for(4))
-        assert len(chunker.cut(front, 9, last=False)) == 2, mode
+        stream = Framed(model, mode)
+        stream.inbox.add(np.zeros(stream.inbox.samples_for(6) + 500, np.float32))
+        assert len(stream.step(upto=stream.inbox.samples_for(2))) == 3, mode
+        assert len(stream.step(upto=stream.inbox.samples_for(4))) == 2, mode
 
 
 def test_at_the_end_every_ready_chunk_is_cut_whole(model_modes):
@@ -150,13 +200,13 @@ def test_at_the_end_every_ready_chunk_is_cut_whole(model_modes):
         spec = model.encoder.chunk_spec(mode)
         base = Inbox(spec, model.cfg.features.hop_length, model.cfg.features.n_fft)
         for n in range(base.samples_for(1) - 400, base.samples_for(2) + 400, 37):
-            inbox, front = _start(model, mode)
-            inbox.add(np.full(n, 0.1, np.float32))
-            _frame(model, inbox, front, last=True)
-            windows = chunker.cut(front, 0, last=True)
-            assert len(windows) >= inbox.chunks_ready, (mode, n)
-            full = [spec.first_frames] + [spec.window] * (len(windows) - 1)
-            assert [w.length for w in windows[: inbox.chunks_ready]] == full[: inbox.chunks_ready], (mode, n)
+            stream = Framed(model, mode)
+            stream.inbox.add(np.full(n, 0.1, np.float32))
+            lengths = stream.step(0, last=True)
+            ready = stream.inbox.chunks_ready
+            assert len(lengths) >= ready, (mode, n)
+            full = [spec.first_frames] + [spec.window] * (len(lengths) - 1)
+            assert lengths[:ready] == full[:ready], (mode, n)
 
 
 def test_the_inbox_sample_buffer_gives_back_exactly_what_was_pushed_in_order():

@@ -10,6 +10,8 @@ from conftest import NEMO
 from helpers import run_stream, tokens_of
 
 from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine.chunker import FrontEnd, FrontEnds
+from parakeet_stream.engine.inbox import Inbox
 from parakeet_stream.engine.memory import MAX_BATCH, MAX_SLOTS, SHARE, DoesNotFit, plan_memory, slot_bytes
 from parakeet_stream.engine.phrases import BEAM, LIMITS
 from parakeet_stream.engine.pipeline import DEPTH
@@ -71,7 +73,23 @@ def test_slot_bytes_is_what_the_pools_take_per_slot(nemotron_model):
         return sum(t.numel() * t.element_size() for t in tensors)
 
     grown = size(caches[1], pools[1], boosts[1], beams[1]) - size(caches[0], pools[0], boosts[0], beams[0])
-    assert grown // 2 == slot_bytes(nemotron_model)
+    assert grown // 2 + FrontEnds.slot_bytes(nemotron_model) == slot_bytes(nemotron_model)
+
+
+def test_the_mel_frames_a_slot_keeps_fit_in_what_memory_counts_for_them(nemotron_model):
+    """Steps that cut what their samples make ready, in every mode, from packets of any size: the
+    rows a slot keeps between steps stay within FrontEnds.slot_bytes."""
+    model, rng = nemotron_model, np.random.default_rng(3)
+    for mode in model.cfg.encoder.att_context_sizes:
+        spec, fcfg = model.encoder.chunk_spec(mode), model.cfg.features
+        store, front, inbox = FrontEnds(model.features, 1), FrontEnd(model.features, spec), Inbox(spec, fcfg.hop_length, fcfg.n_fft)
+        for packet in rng.integers(1, 8000, 12):
+            inbox.add(rng.standard_normal(int(packet)).astype(np.float32))
+            upto = inbox.samples_for(inbox.chunks_ready - 1) if inbox.chunks_ready else 0
+            rows = store.lay_out([front], [0], *store.new_frames([front], [inbox.take_samples(upto)], [False]))
+            store.cut([front], rows, [0], [9], [False])
+            store.keep([front], [0], rows)
+        assert 0 < store.carry[0].numel() * 4 <= FrontEnds.slot_bytes(model), mode
 
 
 def test_pre_encode_batches_are_split_to_the_step_size(eou_model, wavs):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import collect_until_final, run_stream, tokens_of
+from helpers import collect_until_final, cut_whole, run_stream, tokens_of
 
 from parakeet_stream.model.conformer import EncoderCache
-from parakeet_stream.engine import ASREngine, chunker
+from parakeet_stream.engine import ASREngine
 
 CASES = [
     ("eou_tiny", wav, mode) for wav in ("sentence", "pause", "noise") for mode in ("70,1",)
@@ -35,13 +35,11 @@ def engines(models):
 @torch.inference_mode()
 def stream_encoder(model, audio, lookahead) -> torch.Tensor:
     """Encoder outputs of one stream, chunk by chunk, through the engine's own chunking code."""
-    front = chunker.FrontEnd(model.features, model.encoder.chunk_spec(lookahead))
-    chunker.add_features(model.features, [front], [torch.from_numpy(audio)], [True])
     cache = EncoderCache.zeros(model.cfg.encoder, 1)
     outs = []
-    for chunk in chunker.cut(front, 0, last=True):
-        x, lens = model.encoder.stream_pre_encode(torch.from_numpy(chunk.frames[None]), torch.tensor([chunk.length]),
-                                                  torch.tensor([chunk.start]), lookahead)
+    for frames, start, length in cut_whole(model, [audio], lookahead)[0]:
+        x, lens = model.encoder.stream_pre_encode(torch.from_numpy(frames[None]), torch.tensor([length]),
+                                                  torch.tensor([start]), lookahead)
         enc = model.encoder.stream_layers(x, lens, cache, torch.tensor([0]), lookahead)
         outs.append(enc[0, : lens[0]])
     return torch.cat(outs)

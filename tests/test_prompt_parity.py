@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import NEMO
+from helpers import cut_whole
 
-from parakeet_stream.engine import chunker
 from parakeet_stream.model.config import ModelConfig
 from parakeet_stream.model.conformer import EncoderCache
 from parakeet_stream.model.parakeet import ParakeetModel
@@ -61,9 +61,7 @@ def stream(model: ParakeetModel, audios: list[np.ndarray], prompts: list[str], l
     cache-aware encoder step, each row's language prompt, one greedy pass per step with the
     decoder state carried. Per stream: the tokens of each chunk, the encoder output and what the
     joint saw ([T, D], chunks joined)."""
-    fronts = [chunker.FrontEnd(model.features, model.encoder.chunk_spec(lookahead)) for _ in audios]
-    chunker.add_features(model.features, fronts, [torch.from_numpy(a) for a in audios], [True] * len(audios))
-    chunks = [chunker.cut(front, 0, last=True) for front in fronts]
+    chunks = cut_whole(model, audios, lookahead)
     index = torch.tensor([model.cfg.prompt.index(p) for p in prompts])
     cache = EncoderCache.zeros(model.cfg.encoder, len(audios))
     state = model.decoder.state_pool(len(audios))
@@ -73,8 +71,8 @@ def stream(model: ParakeetModel, audios: list[np.ndarray], prompts: list[str], l
         windows = [chunks[b][step] for b in rows]
         slots = torch.tensor(rows)
         x, lens = model.encoder.stream_pre_encode(
-            torch.from_numpy(np.stack([w.frames for w in windows])), torch.tensor([w.length for w in windows]),
-            torch.tensor([w.start for w in windows]), lookahead)
+            torch.from_numpy(np.stack([frames for frames, _, _ in windows])), torch.tensor([n for _, _, n in windows]),
+            torch.tensor([start for _, start, _ in windows]), lookahead)
         enc = model.encoder.stream_layers(x, lens, cache, slots, lookahead)
         joint = model.prompted(enc, index[slots])
         emission, after = model.decoder.decode(joint, lens, state.gather(slots))

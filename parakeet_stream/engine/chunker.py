@@ -1,126 +1,54 @@
 """The pre-encode stage's framing: log-mel features of new samples, cut into NeMo's streaming
-chunks, and FrontEnd, the per-stream state it keeps between steps.
+chunks. FrontEnd is a stream's state between steps (host integers); FrontEnds keeps every
+slot's mel frames on the model's device.
 
 Chunks are cut exactly as NeMo's CacheAwareStreamingAudioBuffer cuts them, at the frame counts
 of ChunkSpec.frames_through; every window has the same size so that chunks of different
 streams (first chunks included) batch together.
 
-Per stream, only host arithmetic, in numpy: its framing state, its features not cut yet, which
-rows make its windows. The tensor work is a few operations per step, whatever the number of
-streams: the features of every stream at once (one copy of the samples to the device, one copy
-of the features back), then every window of one lookahead mode as one copy to the device.
+A stream's timeline is its last `pre_cache` frames already cut (the pre-encode cache, zeros at
+the start), then its frames not cut yet. Between steps its timeline stays on the device, in its
+slot's rows of `FrontEnds.carry`. A step computes every stream's new frames at once, lays the
+step's carried rows and new rows out in one tensor, and cuts every window of a lookahead mode
+with one gather whose index the host computes as arrays; the rest of each timeline goes back
+into the carry with one more gather. The features never come back to the host.
 
 Why no tensor per stream: every torch call hands the GIL back and takes it again, and while
 another thread runs Python (the server's protocol work, the other stages) taking it back waits
 up to the interpreter's switch interval. A step of 256 streams with a torch call per stream took
-4 ms per chunk beside one busy Python thread, against 0.1 ms alone; numpy calls on small arrays
-keep the GIL.
+4 ms per chunk beside one busy Python thread, against 0.1 ms alone; what is left per stream
+here is framing arithmetic on small numpy arrays and integers, which keeps the GIL.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from ..model.device import to_device
 from ..model.conformer import ChunkSpec
+from ..model.device import to_device
 from ..model.features import FeatureStream, LogMelFeatures
+from ..model.parakeet import ParakeetModel
 
 
 class FrontEnd:
-    """One stream's front-end state, written by the pre-encode stage only: its STFT framing,
-    log-mel frames not cut yet, the pre-encode cache (`history`) and the count of chunks cut."""
+    """One stream's front-end state, written by the pre-encode stage only: its STFT framing, how
+    many rows of its timeline its slot carries, and the count of chunks cut."""
 
     def __init__(self, features: LogMelFeatures, spec: ChunkSpec):
         self.spec = spec
         self.framing = FeatureStream(features)
-        self.n_mels = features.cfg.n_mels
-        self.mel: np.ndarray | None = None  # features not yet cut into chunks [frames, n_mels]
-        self.history: np.ndarray | None = None  # last `pre_cache` frames: the pre-encode cache
+        self.carried = spec.pre_cache  # timeline rows: the pre-encode cache, then the frames not cut yet
+        self.fresh = True  # nothing in its slot yet: its pre-encode cache is zeros
         self.chunks_cut = 0
-
-
-@dataclass
-class Window:
-    """Mel frames of one encoder step of one stream: [spec.window, n_mels], valid in [start, start + length)."""
-
-    frames: np.ndarray
-    start: int
-    length: int
-
-
-def add_features(features: LogMelFeatures, fronts: list[FrontEnd], samples: list[np.ndarray],
-                 last: list[bool]) -> None:
-    """Frame every stream's new samples (all that is left of them where `last`) and compute all
-    their log-mel frames in one batch."""
-    segments, counts = [], []
-    for front, new, is_last in zip(fronts, samples, last):
-        segment = front.framing.push(np.asarray(new, np.float32))
-        segments.append(segment)
-        count = segment[1]
-        if is_last:
-            segments.append(end := front.framing.flush())
-            count += end[1]
-        counts.append(count)
-    fb = features.fb
-    total = sum(counts)
-    mel = features.mel(features.frames(segments)) if total else fb.new_zeros(0, fb.size(0))
-    mel = mel.float().cpu().numpy()  # one copy back: the per-stream work below is numpy's
-    at = 0
-    for front, count, is_last in zip(fronts, counts, last):
-        m = mel[at : at + count]
-        at += count
-        if is_last:  # NeMo zero-masks the frames past samples // hop
-            done = front.framing.frames_done - count
-            m[max(0, front.framing.valid_frames - done) :] = 0.0
-        if front.mel is None:
-            front.mel = np.zeros((0, front.n_mels), np.float32)
-            front.history = np.zeros((front.spec.pre_cache, front.n_mels), np.float32)
-        front.mel = np.concatenate((front.mel, m)) if front.mel.shape[0] else m
-
-
-def cut(front: FrontEnd, count: int, last: bool) -> list[Window]:
-    """The next `count` chunks of one stream; in its last step, every chunk left, the partial last one too."""
-    return cut_all([front], [count], [last])[1][0]
-
-
-def cut_all(fronts: list[FrontEnd], counts: list[int], last: list[bool],
-            device: torch.device | None = None) -> tuple[torch.Tensor | None, list[list[Window]]]:
-    """The next chunks of streams of one lookahead mode at once: every window as one tensor
-    [windows, spec.window, n_mels] on `device` (default: the CPU), round by round (each stream's
-    first window, then each one's second, ...), or None without any; and each stream's windows."""
-    plans = [_plan(front, count, is_last) for front, count, is_last in zip(fronts, counts, last)]
-    rounds = max(map(len, plans), default=0)
-    if rounds == 0:
-        return None, [[] for _ in fronts]
-    # one source for every row: a zero row, then each stream's history and features not cut yet
-    n_mels, window = fronts[0].n_mels, fronts[0].spec.window
-    sources, base, rows_so_far = [np.zeros((1, n_mels), np.float32)], [], 1
-    for front, plan in zip(fronts, plans):
-        base.append(rows_so_far)
-        if plan:
-            sources += [front.history, front.mel]
-            rows_so_far += front.history.shape[0] + front.mel.shape[0]
-    source = np.concatenate(sources)
-    owners = [(s, plan[r]) for r in range(rounds) for s, plan in enumerate(plans) if r < len(plan)]
-    # window row j of a cut reads source row base + shift + j where lo <= j < hi, the zero row elsewhere
-    shift, lo, hi = np.array([(base[s] + cut.shift, cut.lo, cut.hi) for s, cut in owners]).T
-    j = np.arange(window)
-    inside = (j >= lo[:, None]) & (j < hi[:, None])
-    frames = source[np.where(inside, shift[:, None] + j, 0)]
-    windows: list[list[Window]] = [[] for _ in fronts]
-    for row, (s, cut) in enumerate(owners):
-        windows[s].append(Window(frames[row], cut.lo, cut.hi - cut.lo))
-    _advance(fronts, plans, source, base)
-    return to_device(frames, device or torch.device("cpu")), windows
+        self.taken = 0  # timeline rows the chunks of the step being cut took
 
 
 class Cut(NamedTuple):
-    """One chunk to cut: window row j is timeline row shift + j for lo <= j < hi (the timeline: the
-    stream's history, then its features not cut yet), a zero row elsewhere; `new`: its new frames."""
+    """One chunk to cut: window row j is timeline row shift + j for lo <= j < hi, a zero row
+    elsewhere; `new`: its new frames (the timeline moves on by them)."""
 
     shift: int
     lo: int
@@ -128,13 +56,134 @@ class Cut(NamedTuple):
     new: int
 
 
-def _plan(front: FrontEnd, count: int, last: bool) -> list[Cut]:
-    """The chunks to cut: the next `count`; in its last step, every chunk left, the partial last one too."""
+class Windows(NamedTuple):
+    """The chunks of one lookahead mode in a step, round by round (each stream's first chunk, then
+    each one's second, ...): row i of `frames` is the chunk of round `round[i]` of the stream at
+    `owner[i]` in the step's front ends, its mel frames valid in [start[i], start[i] + length[i])."""
+
+    frames: torch.Tensor  # [chunks, spec.window, n_mels] on the device
+    owner: np.ndarray
+    round: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+
+
+class StepRows(NamedTuple):
+    """One step's mel rows on the device, [pre_cache zero rows, the carried rows of each stream that
+    has any, every new row], and where each stream's timeline is in them."""
+
+    rows: torch.Tensor
+    carried: np.ndarray  # timeline rows that come from the carry (the first ones)
+    carry_at: np.ndarray  # where those are (a fresh stream's: the zero rows)
+    new_at: np.ndarray  # where its new rows are
+    length: np.ndarray  # its timeline's rows
+
+    def index(self, owner: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Where timeline row `rows[i, j]` of stream `owner[i]` is in `rows`."""
+        carried = self.carried[owner][:, None]
+        return np.where(rows < carried, self.carry_at[owner][:, None] + rows, self.new_at[owner][:, None] + rows - carried)
+
+
+class FrontEnds:
+    """The mel frames of every slot's timeline between steps, [slots, rows, n_mels] float32 on the
+    features' device (its rows grow to the longest timeline kept: the pre-encode cache and the few
+    frames a chunk's samples give beyond it), and the step's framing and cutting."""
+
+    def __init__(self, features: LogMelFeatures, slots: int):
+        self.features = features
+        self.carry = torch.zeros(slots, 0, features.cfg.n_mels, device=features.fb.device)
+
+    @staticmethod
+    def slot_bytes(model: ParakeetModel) -> int:
+        """A slot's rows at most: the pre-encode cache and a chunk of the widest mode (in practice
+        the cache and a frame or two: a step frames only as far as its chunks reach)."""
+        encoder = model.encoder
+        rows = max(encoder.chunk_spec(mode).window for mode in model.cfg.encoder.att_context_sizes)
+        return rows * model.cfg.features.n_mels * 4
+
+    def new_frames(self, fronts: list[FrontEnd], samples: list[np.ndarray], last: list[bool]) -> tuple[torch.Tensor, np.ndarray]:
+        """Frame every stream's new samples (all that is left of them where `last`) and compute all
+        their log-mel frames in one batch: (frames [F, n_mels] float32 on the device, stream by
+        stream, each stream's count). NeMo zero-masks a stream's frames past samples // hop."""
+        segments, counts, masked = [], [], []
+        for front, new, is_last in zip(fronts, samples, last):
+            segment = front.framing.push(np.asarray(new, np.float32))
+            segments.append(segment)
+            count = segment[1]
+            if is_last:
+                segments.append(end := front.framing.flush())
+                count += end[1]
+                done = front.framing.frames_done - count  # its frames of earlier steps
+                masked.append((sum(counts), max(0, front.framing.valid_frames - done), count))
+            counts.append(count)
+        features = self.features
+        if not sum(counts):
+            return torch.zeros(0, features.cfg.n_mels, device=features.fb.device), np.zeros(len(fronts), np.int64)
+        mel = features.mel(features.frames(segments)).float()
+        zero = [np.arange(at + valid, at + count) for at, valid, count in masked if valid < count]
+        if zero:
+            mel.index_fill_(0, to_device(np.concatenate(zero), mel.device), 0.0)
+        return mel, np.array(counts, np.int64)
+
+    def lay_out(self, fronts: list[FrontEnd], slots: list[int], mel: torch.Tensor, counts: np.ndarray) -> StepRows:
+        """The step's rows: its streams' carried timelines (from their slots) and their new frames."""
+        pre = fronts[0].spec.pre_cache
+        carried = np.array([front.carried for front in fronts], np.int64)
+        held = np.array([not front.fresh for front in fronts])
+        rows_each = self.carry.size(1)
+        carry_at = np.zeros(len(fronts), np.int64)
+        carry_at[held] = pre + rows_each * np.arange(int(held.sum()))
+        parts = [mel.new_zeros(pre, mel.size(1))]
+        if held.any():
+            at = to_device(np.asarray(slots, np.int64)[held], mel.device)
+            parts.append(self.carry.index_select(0, at).flatten(0, 1))
+        new_at = pre + rows_each * int(held.sum()) + np.cumsum(counts) - counts
+        return StepRows(torch.cat((*parts, mel)), carried, carry_at, new_at, carried + counts)
+
+    def cut(self, fronts: list[FrontEnd], step: StepRows, members: list[int], chunks: list[int],
+            last: list[bool]) -> Windows | None:
+        """The next chunks of the streams `members` (of one lookahead mode; `chunks`, `last`: theirs)
+        as one tensor (None without any), each one's front moved on by them (`keep` then stores the
+        rest of its timeline)."""
+        plans = [_plan(fronts[m], int(step.length[m]), count, is_last) for m, count, is_last in zip(members, chunks, last)]
+        cuts = [(m, r, *plan[r]) for r in range(max(map(len, plans), default=0))  # round by round
+                for m, plan in zip(members, plans) if r < len(plan)]
+        if not cuts:
+            return None
+        owner, rounds, shift, lo, hi, _ = np.array(cuts, np.int64).T
+        j = np.arange(fronts[members[0]].spec.window)
+        index = np.where((j >= lo[:, None]) & (j < hi[:, None]), step.index(owner, shift[:, None] + j), 0)
+        for m, plan in zip(members, plans):
+            fronts[m].chunks_cut += len(plan)
+            fronts[m].taken += sum(cut.new for cut in plan)
+        frames = step.rows.index_select(0, to_device(index.ravel(), step.rows.device))
+        return Windows(frames.view(len(cuts), j.size, -1), owner, rounds, lo, hi - lo)
+
+    def keep(self, fronts: list[FrontEnd], slots: list[int], step: StepRows) -> None:
+        """Store the rest of every stream's timeline (after the frames its chunks took) in its slot."""
+        taken = np.array([front.taken for front in fronts], np.int64)
+        rest = step.length - taken
+        longest = int(rest.max(initial=0))
+        if longest > self.carry.size(1):
+            grown = self.carry.new_zeros(self.carry.size(0), longest, self.carry.size(2))
+            grown[:, : self.carry.size(1)] = self.carry
+            self.carry = grown
+        i = np.arange(longest)
+        index = np.where(i < rest[:, None], step.index(np.arange(len(fronts)), taken[:, None] + i), 0)
+        at = to_device(np.asarray(slots, np.int64), step.rows.device)
+        rows = step.rows.index_select(0, to_device(index.ravel(), step.rows.device))
+        self.carry[at, :longest] = rows.view(len(fronts), longest, -1)
+        for front, n in zip(fronts, rest.tolist()):
+            front.carried, front.fresh, front.taken = n, False, 0
+
+
+def _plan(front: FrontEnd, length: int, count: int, last: bool) -> list[Cut]:
+    """The chunks to cut from a timeline of `length` rows: the next `count`; in its last step, every
+    chunk left, the partial last one too."""
     out: list[Cut] = []
-    if front.mel is None:
-        return out
-    spec, have, offset = front.spec, front.mel.shape[0], 0
+    spec, offset = front.spec, 0
     pre = spec.pre_cache
+    have = length - pre  # frames not cut yet
     while last or len(out) < count:
         chunk = front.chunks_cut + len(out)
         size = spec.size(chunk)
@@ -148,14 +197,3 @@ def _plan(front: FrontEnd, count: int, last: bool) -> list[Cut]:
             out.append(Cut(offset, 0, pre + new, new))
         offset += new
     return out
-
-
-def _advance(fronts: list[FrontEnd], plans: list, source: np.ndarray, base: list[int]) -> None:
-    """After cutting: each stream's history is the `pre_cache` frames before what is left, the rest its features."""
-    pre = fronts[0].spec.pre_cache
-    for s, plan in enumerate(plans):
-        if plan:
-            front, taken = fronts[s], sum(cut.new for cut in plan)
-            front.history = source[base[s] + taken : base[s] + taken + pre].copy()  # not a view: source is the step's
-            front.mel = front.mel[taken:]
-            front.chunks_cut += len(plan)

@@ -19,6 +19,7 @@ from ..model.boosting import BoostPool
 from ..model.conformer import EncoderCache
 from ..model.greedy import GreedyPass
 from ..model.parakeet import ParakeetModel
+from .chunker import FrontEnds
 from .phrases import BEAM, LIMITS
 from .pipeline import DEPTH
 
@@ -57,11 +58,11 @@ def plan_memory(free: int, slot_bytes: int, stream_bytes: int, slots: int | None
 
 
 def slot_bytes(model: ParakeetModel) -> int:
-    """One slot's encoder cache, decoder state, key phrase tables and beams."""
+    """One slot's encoder cache, decoder state, key phrase tables, beams and mel frames kept."""
     d = model.cfg.decoder
     decoder = (2 * d.pred_rnn_layers * d.pred_hidden + d.joint_hidden) * 4
     return (EncoderCache.slot_bytes(model.cfg.encoder, model.encoder_dtype) + decoder + BoostPool.slot_bytes(LIMITS)
-            + BeamPool.slot_bytes(model.decoder, BEAM))
+            + BeamPool.slot_bytes(model.decoder, BEAM) + FrontEnds.slot_bytes(model))
 
 
 @torch.inference_mode()

@@ -36,7 +36,6 @@ from ..model.greedy import GreedyPass, eou_probabilities, unfinished, unpack_sco
 from ..model.parakeet import ParakeetModel
 from ..model.rnnt import DecoderState
 from . import chunker, phrases
-from .chunker import Window
 from .cuda_graphs import StaticBatches, graph_sizes
 from .beams import BeamCommits
 from .step import Batch, Step, StepItem
@@ -63,6 +62,7 @@ class ModelRunner:
         self.commits = BeamCommits(phrases.BEAM, max(1, round(phrases.MAX_LAG_SECONDS / model.frame_seconds)),
                                    phrases.COMMIT_MARGIN)
         self.prompts = self._prompt_pool(slots)
+        self.fronts = chunker.FrontEnds(model.features, slots)
         self.streams = StageStreams(self.device, STAGES)
         self.pre_encoders: dict[Lookahead, StaticBatches] = {}
         self.encoders: dict[Lookahead, StaticBatches] = {}
@@ -110,29 +110,29 @@ class ModelRunner:
     def pre_encode(self, step: Step) -> None:
         live = [item for item in step if item.live]
         samples = [item.seq.inbox.take_samples(item.samples_upto) for item in live]
-        chunker.add_features(self.model.features, [i.seq.front for i in live], samples, [i.last for i in live])
-        by_mode: dict = defaultdict(list)
-        for item in live:
-            by_mode[item.seq.lookahead].append(item)
-        batches = []
-        for mode, items in by_mode.items():
-            frames, windows = chunker.cut_all([i.seq.front for i in items], [i.chunks for i in items],
-                                              [i.last for i in items], self.device)
-            if frames is None:
-                continue
-            rows = [(r, item, ws[r]) for r in range(max(map(len, windows)))  # frames' order: round by round
-                    for item, ws in zip(items, windows) if r < len(ws)]
-            x = self._subsample(mode, frames, [w for _, _, w in rows])
-            self.streams.mark(step, "pre-encode", len(rows), mode)
-            start = 0
-            for r in range(rows[-1][0] + 1):
-                end = start
-                while end < len(rows) and rows[end][0] == r:
-                    end += 1
-                batches.append(self._batch(mode, rows[start:end], x[start:end]))
-                start = end
-        step.batches = sorted(batches, key=attrgetter("round"))
+        step.batches = sorted(self._pre_encoded(step, live, samples) if live else [], key=attrgetter("round"))
         self.streams.hand_on(step, "encode")
+
+    def _pre_encoded(self, step: Step, live: list[StepItem], samples: list[np.ndarray]) -> list[Batch]:
+        """The step's batches: every stream's new frames at once, then each mode's chunks cut and
+        pre-encoded at once, split into rounds; each stream's timeline kept for its next step."""
+        fronts, slots, last = [i.seq.front for i in live], [i.slot for i in live], [i.last for i in live]
+        rows = self.fronts.lay_out(fronts, slots, *self.fronts.new_frames(fronts, samples, last))
+        by_mode: dict = defaultdict(list)
+        for k, item in enumerate(live):
+            by_mode[item.seq.lookahead].append(k)
+        batches = []
+        for mode, members in by_mode.items():
+            windows = self.fronts.cut(fronts, rows, members, [live[k].chunks for k in members], [last[k] for k in members])
+            if windows is None:
+                continue
+            x = self._subsample(mode, windows)
+            self.streams.mark(step, "pre-encode", len(windows.owner), mode)
+            items = [live[k] for k in windows.owner.tolist()]
+            bounds = [0, *(np.flatnonzero(np.diff(windows.round)) + 1).tolist(), len(items)]
+            batches += [self._batch(mode, items[a:b], windows, a, b, x[a:b]) for a, b in zip(bounds, bounds[1:])]
+        self.fronts.keep(fronts, slots, rows)
+        return batches
 
     def encode(self, step: Step) -> None:
         self.streams.follow(step)
@@ -245,22 +245,24 @@ class ModelRunner:
         return batch.encoded[at], batch.lengths[at], batch.slots[at]
 
     # --- internals ---------------------------------------------------------------------------
-    def _subsample(self, mode: Lookahead, frames: torch.Tensor, windows: list[Window]) -> torch.Tensor:
+    def _subsample(self, mode: Lookahead, windows: chunker.Windows) -> torch.Tensor:
         """Pre-encode of every window of one mode, at most max_batch windows per call (memory)."""
-        feats = frames.to(self.model.encoder_dtype)
-        lengths = self._index([w.length for w in windows])
-        start = self._index([w.start for w in windows])
+        feats = windows.frames.to(self.model.encoder_dtype)
+        lengths, start = self._index(windows.length), self._index(windows.start)
         run = self.pre_encoders.get(mode) or partial(self._pre_encode, mode=mode)
         parts = [run(feats[i : i + self.max_batch], lengths[i : i + self.max_batch], start[i : i + self.max_batch])
-                 for i in range(0, len(windows), self.max_batch)]
+                 for i in range(0, feats.size(0), self.max_batch)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _batch(self, mode: Lookahead, rows: list[tuple[int, StepItem, Window]], x: torch.Tensor) -> Batch:
-        items = [item for _, item, _ in rows]
-        frames = [self.model.encoder.stream_frames(w.start, w.length, mode) for _, _, w in rows]
+    def _batch(self, mode: Lookahead, items: list[StepItem], windows: chunker.Windows, a: int, b: int,
+               x: torch.Tensor) -> Batch:
+        """Rows a..b of a mode's windows (one round): a batch for the encoder and the decoder."""
+        stream_frames = self.model.encoder.stream_frames
+        frames = [stream_frames(0, end, mode) for end in (windows.start[a:b] + windows.length[a:b]).tolist()]
         for item, n in zip(items, frames):
             item.frames.append(n)
-        return Batch(mode, items, x, self._index(frames), self._index([item.slot for item in items]), round=rows[0][0])
+        return Batch(mode, items, x, self._index(frames), self._index([item.slot for item in items]),
+                     round=int(windows.round[a]))
 
     def _pre_encode(self, feats, lengths, start, mode: Lookahead, fixed: bool = False) -> torch.Tensor:
         return self.model.encoder.stream_pre_encode(feats, lengths, start, mode)[0]
@@ -332,9 +334,9 @@ class ModelRunner:
                                                         partial(inputs, dtype=torch.float32), padding,
                                                         self.max_batch, cuda, sizes=coarse, **lanes["decode"])
 
-    def _index(self, values: list[int]) -> torch.Tensor:
+    def _index(self, values: list[int] | np.ndarray) -> torch.Tensor:
         """Host integers on the device, without a blocking copy."""
-        return to_device(torch.tensor(values, dtype=torch.long), self.device)
+        return to_device(torch.as_tensor(np.asarray(values, np.int64)), self.device)
 
     def _fetch(self, packed: list[torch.Tensor]) -> list[np.ndarray]:
         """Every batch's packed labels on the host: one copy and one wait for the whole step."""
