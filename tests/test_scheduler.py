@@ -50,6 +50,29 @@ def test_admits_up_to_the_slots_then_queues_in_order():
     assert sch.stats() == {"active": 2, "queued": 3, "free_slots": 0, "capacity": 2, "max_num_streams": 2, "max_queue": 3}
 
 
+def test_a_plan_looks_only_at_streams_with_news_and_misses_none():
+    """Streams are looked at again only once their inbox makes a chunk ready, their final comes or
+    they are admitted; one with nothing is not looked at, and none with a chunk is missed."""
+    sch = Scheduler(8, 8, target=0.32, sample_rate=RATE, max_in_flight=8)
+    quiet, talking, waiting = seq(), seq(), seq()
+    for s in (quiet, talking):
+        sch.add(s)
+    give_chunks(talking, 1)
+    assert [item.seq for item in sch.schedule()] == [talking]
+    looked: list[Sequence] = []
+    for s in (quiet, talking):
+        s.inbox.next_chunk = lambda rate, s=s, real=s.inbox.next_chunk: looked.append(s) or real(rate)
+    assert sch._plan(0.0) == (None, None) and looked == [talking]  # it had news; then nothing
+    looked.clear()
+    assert sch._plan(0.0) == (None, None) and looked == []  # nobody has news: nobody looked at
+    give_chunks(quiet, 2)
+    sch.finalize(talking)
+    assert {(item.seq, item.chunks, item.last) for item in sch.schedule()} == {(quiet, 2, False), (talking, 0, True)}
+    give_chunks(waiting, 1)  # sent while queued (the scheduler knows nothing of it yet)
+    sch.add(waiting)
+    assert [item.seq for item in sch.schedule()] == [waiting]
+
+
 def test_a_step_takes_the_ready_chunks():
     sch = scheduler()
     s = seq()

@@ -145,19 +145,22 @@ class FrontEnds:
         """The next chunks of the streams `members` (of one lookahead mode; `chunks`, `last`: theirs)
         as one tensor (None without any), each one's front moved on by them (`keep` then stores the
         rest of its timeline)."""
-        plans = [_plan(fronts[m], int(step.length[m]), count, is_last) for m, count, is_last in zip(members, chunks, last)]
-        cuts = [(m, r, *plan[r]) for r in range(max(map(len, plans), default=0))  # round by round
-                for m, plan in zip(members, plans) if r < len(plan)]
-        if not cuts:
+        spec = fronts[members[0]].spec
+        planned = [(m, r, *cut) for m, count, is_last in zip(members, chunks, last)  # first chunks, ends: one by one
+                   if is_last or not fronts[m].chunks_cut
+                   for r, cut in enumerate(_plan(fronts[m], int(step.length[m]), count, is_last))]
+        cuts = np.concatenate((_steady_cuts(fronts, step, members, chunks, last), np.array(planned, np.int64).reshape(-1, 6)))
+        if not cuts.size:
             return None
-        owner, rounds, shift, lo, hi, _ = np.array(cuts, np.int64).T
-        j = np.arange(fronts[members[0]].spec.window)
+        owner, rounds, shift, lo, hi, new = cuts[np.lexsort((cuts[:, 0], cuts[:, 1]))].T  # round by round, in the step's order
+        j = np.arange(spec.window)
         index = np.where((j >= lo[:, None]) & (j < hi[:, None]), step.index(owner, shift[:, None] + j), 0)
-        for m, plan in zip(members, plans):
-            fronts[m].chunks_cut += len(plan)
-            fronts[m].taken += sum(cut.new for cut in plan)
+        counts, taken = np.bincount(owner, minlength=len(fronts)), np.bincount(owner, new, minlength=len(fronts))
+        for m in members:
+            fronts[m].chunks_cut += int(counts[m])
+            fronts[m].taken += int(taken[m])
         frames = step.rows.index_select(0, to_device(index.ravel(), step.rows.device))
-        return Windows(frames.view(len(cuts), j.size, -1), owner, rounds, lo, hi - lo)
+        return Windows(frames.view(len(owner), j.size, -1), owner, rounds, lo, hi - lo)
 
     def keep(self, fronts: list[FrontEnd], slots: list[int], step: StepRows) -> None:
         """Store the rest of every stream's timeline (after the frames its chunks took) in its slot."""
@@ -175,6 +178,22 @@ class FrontEnds:
         self.carry[at, :longest] = rows.view(len(fronts), longest, -1)
         for front, n in zip(fronts, rest.tolist()):
             front.carried, front.fresh, front.taken = n, False, 0
+
+
+def _steady_cuts(fronts: list[FrontEnd], step: StepRows, members: list[int], chunks: list[int],
+                 last: list[bool]) -> np.ndarray:
+    """The cuts of the streams past their first chunk and not at their end (almost every one), as
+    arrays: each takes its whole chunks, up to its count; chunk r's window is the `pre_cache` frames
+    before it, then its own. [cuts, 6]: owner, round, then Cut's fields."""
+    spec = fronts[members[0]].spec
+    at = np.asarray(members, np.int64)
+    steady = ~np.asarray(last, bool) & np.array([fronts[m].chunks_cut > 0 for m in members])
+    n = np.minimum(np.asarray(chunks, np.int64), (step.length[at] - spec.pre_cache) // spec.chunk_frames)
+    n = np.where(steady, np.maximum(n, 0), 0)
+    owner = np.repeat(at, n)
+    rounds = np.arange(owner.size) - np.repeat(np.cumsum(n) - n, n)
+    fixed = np.broadcast_to(np.array([0, spec.window, spec.chunk_frames]), (owner.size, 3))
+    return np.column_stack((owner, rounds, rounds * spec.chunk_frames, fixed))
 
 
 def _plan(front: FrontEnd, length: int, count: int, last: bool) -> list[Cut]:

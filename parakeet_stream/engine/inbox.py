@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -54,7 +55,8 @@ class Inbox:
     halfway through changing is only a wake-up a little early or late.
 
     A chunk is ready once the samples whose log-mel frames reach its end (ChunkSpec.frames_through)
-    arrived; the pre-encode stage cuts it by the same frame count.
+    arrived; the pre-encode stage cuts it by the same frame count. A push that makes one ready calls
+    `on_ready` (set by the Scheduler at admission: it then looks at this stream at its next plan).
     """
 
     def __init__(self, spec: ChunkSpec, hop: int, n_fft: int):
@@ -69,6 +71,7 @@ class Inbox:
         self.chunks_ready = 0
         self._next_ready = self.samples_for(0)  # samples that make the next chunk ready
         self._lock = threading.Lock()
+        self.on_ready: Callable[[], None] | None = None  # called as a chunk becomes ready (the Scheduler's mark)
 
     @property
     def chunk_samples(self) -> int:
@@ -93,7 +96,11 @@ class Inbox:
                 self.chunks_ready += 1  # before its time: the Scheduler never sees more times than chunks
                 self._ready_times.append(now)
                 self._next_ready = self.samples_for(self.chunks_ready)
-            return self.chunks_ready > before
+            if self.chunks_ready == before:
+                return False
+        if self.on_ready is not None:
+            self.on_ready()
+        return True
 
     # --- the Scheduler ----------------------------------------------------------------------
     def next_chunk(self, sample_rate: int) -> tuple[float | None, float | None]:

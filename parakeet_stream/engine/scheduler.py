@@ -32,6 +32,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
+from functools import partial
 
 from .errors import QueueFull
 from .latency import LatencyTarget
@@ -99,6 +100,11 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
         self.live = LiveStreams()
+        # streams that may have work: checked at each plan (dropped there when they have none), so a
+        # plan looks at the streams with news, not at every stream; their inboxes mark them (`_marked`,
+        # appended to without the lock) as a chunk becomes ready, a final and admission here
+        self._ready: dict[Sequence, None] = {}
+        self._marked: deque[Sequence] = deque()
         self._in_flight: list[Step] = []
         self._last_done = 0.0  # when the last step was done
         self._timeline = Timeline()  # when the steps in flight are predicted to be done
@@ -140,6 +146,7 @@ class Scheduler:
             seq.final_at = time.monotonic()
             if seq.status is Status.RUNNING:
                 seq.status = Status.FINALIZING
+            self._ready[seq] = None
             self._cv.notify_all()
             return True
 
@@ -252,8 +259,10 @@ class Scheduler:
     # --- internals (lock held) ----------------------------------------------------------------
     def _plan(self, now: float) -> tuple[Step | None, float | None]:
         """The next step by the policy, or (None, seconds to wait before deciding again)."""
-        ready, upcoming, backlogs, live_streams = self._candidates(now)
+        ready, backlogs = self._candidates()
         loaded = not self._in_flight and LOADED <= self._busy_fraction(now) < SATURATED
+        # the other live streams matter only to hold ready chunks for them, or to fit bulk work around them
+        upcoming, live_streams = self._upcoming() if backlogs or (loaded and 0 < len(ready) < self.max_batch) else ([], 0)
         chosen, timeout = decide(ready, upcoming, backlogs, live_streams, now, self._timeline, self.cost,
                                  self.latency.budget, self.max_batch, self.max_chunks_per_step, loaded,
                                  any(map(_has_live, self._in_flight)), self.lead, bool(self._in_flight))
@@ -267,24 +276,40 @@ class Scheduler:
             step.predicted_end = self._timeline.free_at
         return step, None
 
-    def _candidates(self, now: float) -> tuple[list[Ready[Sequence]], list[float], list[Backlog[Sequence]], int]:
-        """Live streams with a ready chunk, the predicted arrivals of the other live streams' next
-        chunks, bulk streams with work, and how many live streams are running."""
-        ready, upcoming, backlogs, live_streams = [], [], [], 0
-        for seq in self.active.values():
-            if seq.last_scheduled or seq.status in DEAD:
-                continue
-            live_streams += not seq.bulk
-            ready_at, due = seq.inbox.next_chunk(self.sample_rate)
-            if ready_at is None and seq.status is Status.FINALIZING:
-                ready_at = seq.final_at
-            if seq.bulk and ready_at is not None:
+    def _candidates(self) -> tuple[list[Ready[Sequence]], list[Backlog[Sequence]]]:
+        """Live streams with a ready chunk (or their final), and bulk streams with work."""
+        while self._marked:
+            self._ready[self._marked.popleft()] = None
+        ready, backlogs = [], []
+        for seq in list(self._ready):
+            ready_at = self._ready_at(seq) if self.active.get(seq.stream_id) is seq else None
+            if ready_at is None:
+                del self._ready[seq]  # its next chunk (or final) marks it again
+            elif seq.bulk:
                 backlogs.append(Backlog(ready_at, self._pending(seq), seq))
-            elif ready_at is not None:
+            else:
                 ready.append(Ready(ready_at, seq, self._pending(seq)))
-            elif due is not None and not seq.bulk:
+        return ready, backlogs
+
+    def _ready_at(self, seq: Sequence) -> float | None:
+        """When its oldest work not scheduled came (a ready chunk, or its final), or None: nothing to schedule."""
+        if seq.last_scheduled or seq.status in DEAD:
+            return None
+        ready_at, _ = seq.inbox.next_chunk(self.sample_rate)
+        return seq.final_at if ready_at is None and seq.status is Status.FINALIZING else ready_at
+
+    def _upcoming(self) -> tuple[list[float], int]:
+        """The predicted arrivals of the next chunks of live streams without a ready one, and how many
+        live streams are running: a look at every stream."""
+        upcoming, live_streams = [], 0
+        for seq in self.active.values():
+            if seq.bulk or seq.last_scheduled or seq.status in DEAD:
+                continue
+            live_streams += 1
+            ready_at, due = seq.inbox.next_chunk(self.sample_rate)
+            if ready_at is None and due is not None and seq.status is not Status.FINALIZING:
                 upcoming.append(due)
-        return ready, upcoming, backlogs, live_streams
+        return upcoming, live_streams
 
     def _pending(self, seq: Sequence) -> int:
         """Its ready chunks not scheduled yet."""
@@ -373,6 +398,8 @@ class Scheduler:
         seq.status = Status.FINALIZING if seq.final_at is not None else Status.RUNNING
         self.active[seq.stream_id] = seq
         self.live.add(seq)
+        seq.inbox.on_ready = partial(self._marked.append, seq)
+        self._ready[seq] = None  # what it sent while it waited
 
     def _release(self, seq: Sequence) -> list[Sequence]:
         """Free the stream's slot and admit waiting streams; returns every stream whose state changed."""
