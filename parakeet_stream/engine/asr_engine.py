@@ -332,8 +332,8 @@ class ASREngine:
         with self._lock:
             self._totals.add(step)
         for seq, result in step.results:
-            seq.outbox.publish(result)
-        _notify(changed)
+            seq.outbox.publish(result, notify=False)
+        _notify(list(dict.fromkeys([*(seq for seq, _ in step.results), *changed])))
 
     def _fail(self, step: Step) -> None:
         failed, changed = self.scheduler.postprocess(step, failed=True)
@@ -364,6 +364,6 @@ class _Laps:
 
 
 def _notify(seqs: list[Sequence]) -> None:
-    """Tell the streams' listeners that their slot or queue place changed."""
+    """Tell the streams' listeners of news: results, or a slot or queue place that changed."""
     for seq in seqs:
         seq.outbox.notify()

@@ -33,10 +33,12 @@ class LatencyTarget:
             raise ValueError(f"the latency target must be above 0 seconds, got {target}")
         self.target = target
         self._delivery, self._errors = Recent(window), Recent(window)
+        self._taken: deque[float] = deque(maxlen=window)  # deliveries not yet in `_delivery`
 
     def delivered(self, seconds: float) -> None:
-        """A live stream's results were taken `seconds` after they were published."""
-        self._delivery.append(seconds)
+        """A live stream's results were taken `seconds` after they were published. Any thread, without
+        the Scheduler's lock (every client's results, thousands a second): kept aside until read."""
+        self._taken.append(seconds)
 
     def step_done(self, late: float) -> None:
         """A step with live chunks was done `late` seconds after its predicted end (negative: early)."""
@@ -44,6 +46,8 @@ class LatencyTarget:
 
     @property
     def delivery(self) -> float:
+        while self._taken:
+            self._delivery.append(self._taken.popleft())
         return self._delivery.high()
 
     @property

@@ -144,7 +144,9 @@ class Outbox:
         self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
-    def publish(self, result: StreamResult) -> None:
+    def publish(self, result: StreamResult, notify: bool = True) -> None:
+        """Queue a result for the client; `notify`: call the listeners now (a step's results are all
+        queued first, then their listeners called, so a woken client finds its step's results there)."""
         with self._lock:
             if len(self._results) >= MAX_PENDING_RESULTS:
                 self._results[-1].merge(result)
@@ -152,7 +154,8 @@ class Outbox:
                 self._results.append(result)
             if self._since is None:
                 self._since = time.monotonic()
-        self.notify()
+        if notify:
+            self.notify()
 
     def take(self) -> tuple[list[StreamResult], float | None]:
         """The results waiting, and how long the oldest of them waited (None: there was none)."""
