@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import sys
 import tempfile
@@ -45,6 +46,7 @@ from parakeet_stream.engine import ASREngine  # noqa: E402
 from parakeet_stream.engine.model_runner import ModelRunner  # noqa: E402
 from parakeet_stream.engine.options import whole_number  # noqa: E402
 from parakeet_stream.host import single_threaded_host  # noqa: E402
+from parakeet_stream.server.operations.memory import freeze_startup_objects  # noqa: E402
 from parakeet_stream.tools.convert import convert  # noqa: E402
 
 SHARE = {"pre-encode": 0.1, "encode": 0.7, "decode": 0.2}
@@ -101,7 +103,11 @@ def stand_in_engine(folder: Path, n: int, device: StandIn, **options) -> Iterato
     with ASREngine(folder, "cpu", max_num_streams=n, max_queue=n, max_batch=n, lookahead=(70, 1), threads=1,
                    **options) as engine:
         device.install(engine.runner)
-        yield engine
+        freeze_startup_objects()  # as parakeet-serve does once its engine is made
+        try:
+            yield engine
+        finally:
+            gc.unfreeze()  # this engine's objects may be collected once it is gone
 
 
 def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: float) -> dict:
