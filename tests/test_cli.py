@@ -17,6 +17,7 @@ import pytest
 import torch
 from helpers import ServerProcess
 
+from parakeet_stream.engine.options import default_slots
 from parakeet_stream.server.cli import build_parser
 from parakeet_stream.tools.bench import ClientRecord, capacity, capacity_at_least, capacity_text, sent_at
 from parakeet_stream.tools.bench import build_parser as bench_parser
@@ -91,6 +92,21 @@ def test_configuration_dump_shows_the_lookahead_in_use(tiny_model_dir, eou_model
     try:
         left, right = eou_model.cfg.default_lookahead
         assert f"  lookahead = {left},{right}\n" in server.config_lines
+    finally:
+        server.close()
+
+
+def test_slots_default_to_what_memory_holds_on_a_gpu_and_to_64_on_a_cpu(tiny_model_dir):
+    assert default_slots("cpu") == 64 and default_slots("cuda") == default_slots("cuda:1") == "auto"
+    server = ServerProcess(tiny_model_dir)
+    try:
+        assert "  max_num_streams = 64\n" in server.config_lines
+    finally:
+        server.close()
+    server = ServerProcess(tiny_model_dir, "--max-num-streams", "auto")
+    try:
+        (line,) = [line for line in server.config_lines if "max_num_streams" in line]
+        assert re.fullmatch(r"  max_num_streams = auto \(\d+\)\n", line), line
     finally:
         server.close()
 

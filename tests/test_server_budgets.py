@@ -34,7 +34,8 @@ from wsproto.events import BytesMessage
 
 from parakeet_stream.server import ServerConfig
 from parakeet_stream.server.app import open_listeners
-from parakeet_stream.server.streams.guard import connection_bytes, memory_problem
+from parakeet_stream.engine import ASREngine
+from parakeet_stream.server.streams.guard import auto_limit, connection_bytes, memory_problem
 from parakeet_stream.server.transport.channel import SEND_BUFFER_BYTES
 
 MB = 2**20
@@ -411,6 +412,19 @@ def _upgrade(path: str, extra: bytes = b"") -> bytes:
 
 
 # -- 6. start-up check -------------------------------------------------------------------------
+
+
+def test_auto_slots_are_a_number_the_memory_check_accepts(tiny_model_dir):
+    """`--max-num-streams auto` took 4,096 slots from the device's memory alone, which the server's
+    own check then refused with less than 34 GiB free; now the server bounds it by the memory its
+    connections may take, and the engine holds to that bound."""
+    config, queue = ServerConfig(), 256
+    for available in (2 << 30, 12 << 30, 64 << 30):
+        limit = auto_limit(config, queue, available)
+        assert limit >= 1 and memory_problem(config, limit + queue, available) is None
+    assert memory_problem(config, 4096 + queue, 12 << 30) is not None  # what auto gave before
+    with ASREngine(tiny_model_dir, "cpu", max_num_streams="auto", auto_limit=7) as engine:
+        assert engine.stats()["max_num_streams"] == 7
 
 
 def test_serve_refuses_a_queue_that_cannot_fit_in_memory(tiny_model_dir):

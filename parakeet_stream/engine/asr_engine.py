@@ -27,7 +27,7 @@ from .info import EngineInfo
 from .languages import Languages
 from .latency import DEFAULT_TARGET
 from .model_runner import ModelRunner
-from .memory import plan_memory, slot_bytes, stream_bytes
+from .memory import MAX_SLOTS, plan_memory, slot_bytes, stream_bytes
 from .options import auto_num_streams
 from .phrases import Phrase, boosting_tree
 from .pipeline import DEPTH, Pipeline, Stage
@@ -58,10 +58,13 @@ class ASREngine:
         latency_target: float = DEFAULT_TARGET,
         threads: int | None = None,
         cuda_graphs: bool | None = None,
+        auto_limit: int | None = None,
     ):
         """max_batch: most streams per step (default: every slot on CPU; sized to memory on CUDA,
         memory.py); latency_target: seconds, p95 from a chunk's last sample to its result taken
-        (latency.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA)."""
+        (latency.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA);
+        auto_limit: with max_num_streams "auto", at most this many slots (the server's bound: what its
+        connections may take of the host's memory)."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
         started = time.monotonic()
@@ -76,12 +79,14 @@ class ASREngine:
         self.device = model.features.fb.device  # with its index: what CUDA calls need ("cuda" -> "cuda:0")
         self.default_lookahead = self._check_lookahead(lookahead or model.cfg.default_lookahead)
         self.languages = Languages(tuple(model.cfg.prompt.languages) if model.cfg.prompt else ())
+        most = min(auto_limit or MAX_SLOTS, MAX_SLOTS)
         if self.device.type == "cuda":
             plan = plan_memory(free_memory(self.device), slot_bytes(model), stream_bytes(model),
-                               None if max_num_streams == "auto" else int(max_num_streams), max_batch)
+                               None if max_num_streams == "auto" else int(max_num_streams), max_batch,
+                               most=most)
             max_num_streams, max_batch = plan.slots, plan.max_batch
         elif max_num_streams == "auto":
-            max_num_streams = auto_num_streams(model, self.device, model.encoder_dtype)
+            max_num_streams = auto_num_streams(model, self.device, model.encoder_dtype, cap=most)
         self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_target, self.sample_rate, max_batch,
                                    max_in_flight=DEPTH, lead=self._first_chunk_seconds(model))
         lap("memory")

@@ -39,15 +39,15 @@ class MemoryPlan:
 
 
 def plan_memory(free: int, slot_bytes: int, stream_bytes: int, slots: int | None = None,
-                max_batch: int | None = None) -> MemoryPlan:
-    """Slots (given, or as many as fit) and the largest step, from the free bytes, one slot's
-    state and one stream's share of a step. Raises DoesNotFit when the given slots leave no
-    room for a step of one stream."""
+                max_batch: int | None = None, most: int = MAX_SLOTS) -> MemoryPlan:
+    """Slots (given, or as many as fit, at most `most`) and the largest step, from the free bytes,
+    one slot's state and one stream's share of a step. Raises DoesNotFit when the given slots leave
+    no room for a step of one stream."""
     budget = int(free * SHARE)
-    batch = min(max_batch or MAX_BATCH, slots or MAX_SLOTS)
+    batch = min(max_batch or MAX_BATCH, slots or most)
     if slots is None:  # steps take at most half the budget, slots the rest
         batch = max(1, min(batch, budget // 2 // (DEPTH * stream_bytes)))
-        slots = max(1, min(MAX_SLOTS, (budget - DEPTH * batch * stream_bytes) // slot_bytes))
+        slots = max(1, min(most, (budget - DEPTH * batch * stream_bytes) // slot_bytes))
         return MemoryPlan(slots, min(batch, slots))
     room = budget - slots * slot_bytes
     batch = min(batch, room // (DEPTH * stream_bytes)) if room > 0 else 0

@@ -42,6 +42,19 @@ def engine_options(args: argparse.Namespace) -> dict:
             "lookahead": args.lookahead}
 
 
+CPU_SLOTS = 64
+
+
+def default_slots(device: str) -> int | str:
+    """`--max-num-streams` where it is not given. On a GPU `auto`: the slots its memory holds
+    (memory.py); admission by measured capacity (scheduler.py) keeps the streams beyond what the GPU
+    serves in time waiting, and a fixed 64 was about a fortieth of what one H200's step time serves
+    (docs/performance.md section 6). On a CPU 64: a few times what a CPU serves in real time (24 to
+    32 streams of `small` on 2 cores), while `auto` there would set aside half the memory for slots
+    the cores could never serve."""
+    return "auto" if device.startswith("cuda") else CPU_SLOTS
+
+
 def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dtype, cap: int = 4096) -> int:
     """Slots whose encoder caches fit in half the free memory of the device, at most `cap`."""
     per_slot = max(EncoderCache.slot_bytes(model.cfg.encoder, dtype), 1)

@@ -13,7 +13,7 @@ import trio
 
 from ..engine import ASREngine, EngineError
 from ..engine.info import EngineInfo
-from ..engine.options import add_engine_arguments, engine_options
+from ..engine.options import CPU_SLOTS, add_engine_arguments, default_slots, engine_options
 from ..host import single_threaded_host
 from ..model.device import AUTO, check_device, resolve_device
 from ..model.errors import DeviceError, ModelNotFound
@@ -24,7 +24,7 @@ from .context import ServerConfig, ServerContext
 from .operations.memory import freeze_startup_objects
 from .operations.ports import port_problem
 from .operations.workers import default_workers, serve_in_workers
-from .streams.guard import memory_problem
+from .streams.guard import auto_limit, memory_problem
 from .transport.codes import ProtocolError
 
 
@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "scripts/serve.sh passes --model small")
     p.add_argument("--device", default=AUTO, help="torch device: auto (cuda where torch sees a GPU, else cpu), cpu, "
                                                   "cuda or cuda:N")
-    p.add_argument("--max-num-streams", default="64", type=_slots, help="engine slots: a number or 'auto'")
+    p.add_argument("--max-num-streams", type=_slots,
+                   help="engine slots: a number or 'auto' (as many as memory holds; default: auto on a GPU, "
+                        f"{CPU_SLOTS} on a CPU)")
     p.add_argument("--max-queue", type=int, default=256, help="streams that may wait for a slot")
     p.add_argument("--max-stream-seconds", type=float, default=3600.0, help="seconds of audio per stream (0: no limit)")
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds: close a silent connection after this")
@@ -183,11 +185,14 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-def print_config(args: argparse.Namespace, info: EngineInfo) -> None:
+def print_config(args: argparse.Namespace, info: EngineInfo, slots: int) -> None:
     print("parakeet-serve configuration:")
     for name, value in sorted(vars(args).items()):
         if name == "api_key":
             value = "set" if value else "none"
+        elif name == "max_num_streams":  # the device's default where not given; what memory gave `auto`
+            value = value or default_slots(args.device)
+            value = f"{value} ({slots})" if value == "auto" else value
         elif name == "lookahead":  # the mode in use, the model's default unless given
             value = f"{info.default_lookahead[0]},{info.default_lookahead[1]}"
         elif name == "workers" and value == "auto":
@@ -261,20 +266,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     single_threaded_host()
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format=log_format())
+    config = server_config(args)
+    slots = default_slots(args.device) if args.max_num_streams is None else args.max_num_streams
     try:
         check_device(args.device)
         engine = ASREngine(
             model=args.model,
             device=args.device,
-            max_num_streams=args.max_num_streams,
+            max_num_streams=slots,
             max_queue=args.max_queue,
+            auto_limit=auto_limit(config, args.max_queue) if slots == "auto" else None,
             **engine_options(args),
         )
     except (PrecisionError, DeviceError, ModelNotFound, EngineError) as exc:
         print(f"parakeet-serve: error: {exc}{offline_hint(args.model, exc)}", file=sys.stderr)
         return 2
-    print_config(args, engine.info)
-    config = server_config(args)
+    print_config(args, engine.info, engine.stats()["max_num_streams"])
     problem = memory_problem(config, engine.stats()["max_num_streams"] + args.max_queue)
     if problem:
         print(f"parakeet-serve: refusing to start: {problem}", file=sys.stderr)

@@ -42,6 +42,19 @@ def connection_bytes(config: ServerConfig) -> int:
     return backlog_bytes(config) + MESSAGE_COPIES * config.max_message_bytes + RESAMPLER_BYTES + CONNECTION_OVERHEAD
 
 
+AUTO_SHARE = 0.5  # of the available memory, what `--max-num-streams auto` lets connections take
+
+
+def auto_limit(config: ServerConfig, queue: int, available: int | None = None) -> int | None:
+    """The most slots `--max-num-streams auto` may take: connections at their bound, queue places
+    included, in AUTO_SHARE of the available memory (the rest for the engine's own: on a CPU its
+    pools take up to the other half); None where the memory cannot be told."""
+    available = available_ram() if available is None else available
+    if available is None:
+        return None
+    return max(1, int(available * AUTO_SHARE) // connection_bytes(config) - queue)
+
+
 def memory_problem(config: ServerConfig, streams: int, available: int | None = None) -> str | None:
     """Why `streams` connections (slots + queue places) at their bound do not fit, or None."""
     if available is None:
