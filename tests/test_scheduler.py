@@ -47,7 +47,23 @@ def test_admits_up_to_the_slots_then_queues_in_order():
     assert [sch.position(s) for s in seqs] == [0, 0, 1, 2, 3]
     with pytest.raises(QueueFull):
         sch.add(seq())
-    assert sch.stats() == {"active": 2, "queued": 3, "free_slots": 0, "capacity": 2, "max_num_streams": 2, "max_queue": 3}
+    assert sch.stats() == {"active": 2, "queued": 3, "free_slots": 0, "capacity": 2, "max_num_streams": 2, "max_queue": 3,
+                           "streams_behind": 0, "longest_backlog_chunks": 0, "oldest_chunk_wait_s": 0.0}
+
+
+def test_stats_say_how_far_behind_the_live_streams_were_at_the_last_plan(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("parakeet_stream.engine.inbox.time.monotonic", lambda: now[0])
+    sch = Scheduler(4, 4, target=0.32, sample_rate=RATE, max_in_flight=4)
+    behind, on_time, idle = seq(), seq(), seq()
+    for s in (behind, on_time, idle):
+        sch.add(s)
+    give_chunks(behind, 3)
+    now[0] = 100.5
+    give_chunks(on_time, 1)
+    sch._plan(101.0)
+    stats = sch.stats()
+    assert (stats["streams_behind"], stats["longest_backlog_chunks"], stats["oldest_chunk_wait_s"]) == (1, 3, 1.0)
 
 
 def test_a_plan_looks_only_at_streams_with_news_and_misses_none():

@@ -114,6 +114,7 @@ class Scheduler:
         self._paced_at = 0.0
         self._proven = PROVEN  # the most live streams a step has served in time
         self._refused: str | None = None  # why the queue's head waits, as last logged
+        self._behind = _behind([], 0.0)  # the live streams' backlog at the last plan (stats)
         self._stopped = False
         self._cv = threading.Condition()
 
@@ -253,12 +254,14 @@ class Scheduler:
                 "capacity": capacity,
                 "max_num_streams": self.max_num_streams,
                 "max_queue": self.max_queue,
+                **self._behind,
             }
 
     # --- internals (lock held) ----------------------------------------------------------------
     def _plan(self, now: float) -> tuple[Step | None, float | None]:
         """The next step by the policy, or (None, seconds to wait before deciding again)."""
         ready, backlogs = self._candidates()
+        self._behind = _behind(ready, now)
         loaded = not self._in_flight and LOADED <= self._busy_fraction(now) < SATURATED
         # the other live streams matter only to hold ready chunks for them, or to fit bulk work around them
         upcoming, live_streams = self._upcoming() if backlogs or (loaded and 0 < len(ready) < self.max_batch) else ([], 0)
@@ -410,6 +413,15 @@ class Scheduler:
         self.live.discard(seq)
         self._cv.notify_all()
         return self._admit_waiting()
+
+
+def _behind(ready: list[Ready[Sequence]], now: float) -> dict:
+    """How far behind the live streams are at a plan (an overloaded server's edges, for operators):
+    those with more than one chunk waiting, the most chunks one has waiting, and how long the oldest
+    waiting chunk has waited."""
+    return {"streams_behind": sum(r.chunks > 1 for r in ready),
+            "longest_backlog_chunks": max((r.chunks for r in ready), default=0),
+            "oldest_chunk_wait_s": round(max(0.0, now - min((r.ready_at for r in ready), default=now)), 3)}
 
 
 def _has_live(step: Step) -> bool:

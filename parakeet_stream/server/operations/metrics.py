@@ -35,6 +35,10 @@ class EngineCollector:
         yield GaugeMetricFamily("parakeet_capacity_streams", "Live streams the measured step cost serves in real time",
                                 stats["capacity"])
         yield GaugeMetricFamily("parakeet_max_num_streams", "Engine slots in all", stats["max_num_streams"])
+        yield GaugeMetricFamily("parakeet_streams_behind", "Live streams with more than one chunk waiting at the "
+                                "last step's plan", stats["streams_behind"])
+        yield GaugeMetricFamily("parakeet_oldest_chunk_wait_seconds", "How long the oldest waiting live chunk had "
+                                "waited at the last step's plan", stats["oldest_chunk_wait_s"])
         yield GaugeMetricFamily("parakeet_stalled_seconds", "How long a stage has been on one step, once past the "
                                 "stall limit (0: no stall)", (stats["stalled"] or {}).get("seconds", 0))
         yield CounterMetricFamily(
