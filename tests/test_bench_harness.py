@@ -114,3 +114,6 @@ def test_the_host_benchmarks_lockstep_makes_each_round_one_step_and_answers_ever
     assert (level["streams"], level["chunks"], level["steps"]) == (8, 24, 3)
     assert set(level["stage_us_per_chunk"]) == {"pre-encode", "encode", "decode", "results"}
     assert all(v > 0 for v in level["stage_us_per_chunk"].values()) and level["cpu_us_per_chunk"] > 0
+    if sys.platform.startswith("linux"):  # each thread's CPU, from /proc: the driver's and the stages' own
+        threads = level["thread_cpu_us_per_chunk"]
+        assert {"MainThread", "pre-encode", "decode"} <= set(threads) and threads["pre-encode"] > 0
