@@ -229,6 +229,20 @@ def test_a_port_out_of_range_is_refused_in_one_line(flag, value, capsys):
         f"parakeet-serve: error: argument {flag}: {int(value)} is not a port: ports are 0 (any free one) to 65535")
 
 
+@pytest.mark.parametrize("flag, value, counts, least", [
+    ("--max-num-streams", "0", "slots or 'auto'", 1), ("--max-num-streams", "-3", "slots or 'auto'", 1),
+    ("--max-num-streams", "many", "slots or 'auto'", 1), ("--max-queue", "-2", "queue places", 0),
+    ("--max-queue", "1.5", "queue places", 0)])
+def test_slot_and_queue_counts_below_their_least_are_refused_in_one_line(flag, value, counts, least, capsys):
+    """0 slots started a server that queued every stream forever; -3 failed with a traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([flag, value])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"parakeet-serve: error: argument {flag}: must be a whole number of {counts}, at least {least}, got {value!r}")
+    assert build_parser().parse_args([flag, "auto" if least else "0"])  # the least, or auto, still parses
+
+
 def test_the_websocket_example_says_when_its_stream_ended_without_the_final_result(tiny_model_dir):
     server = ServerProcess(tiny_model_dir)
     try:

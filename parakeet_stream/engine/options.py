@@ -61,14 +61,14 @@ def auto_num_streams(model: ParakeetModel, device: torch.device, dtype: torch.dt
     return max(1, min(cap, int(free_memory(device) * 0.5) // per_slot))
 
 
-def whole_number(text: str, of: str = "") -> int:
-    """A flag's whole number of at least 1 (`of`: what it counts, for the message)."""
+def whole_number(text: str, of: str = "", least: int = 1) -> int:
+    """A flag's whole number of at least `least` (`of`: what it counts, for the message)."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number{of and ' of ' + of}, at least 1, got {text!r}")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be a whole number{of and ' of ' + of}, at least {least}, got {text!r}")
     return value
 
 

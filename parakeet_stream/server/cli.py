@@ -13,7 +13,7 @@ import trio
 
 from ..engine import ASREngine, EngineError
 from ..engine.info import EngineInfo
-from ..engine.options import CPU_SLOTS, add_engine_arguments, default_slots, engine_options
+from ..engine.options import CPU_SLOTS, add_engine_arguments, default_slots, engine_options, whole_number
 from ..host import single_threaded_host
 from ..model.device import AUTO, check_device, resolve_device
 from ..model.errors import DeviceError, ModelNotFound
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-streams", type=_slots,
                    help="engine slots: a number or 'auto' (as many as memory holds; default: auto on a GPU, "
                         f"{CPU_SLOTS} on a CPU)")
-    p.add_argument("--max-queue", type=int, default=256, help="streams that may wait for a slot")
+    p.add_argument("--max-queue", type=_queue, default=256, help="streams that may wait for a slot (0: none)")
     p.add_argument("--max-stream-seconds", type=float, default=3600.0, help="seconds of audio per stream (0: no limit)")
     p.add_argument("--idle-timeout", type=float, default=30.0, help="seconds: close a silent connection after this")
     p.add_argument("--send-timeout", type=float, default=5.0,
@@ -155,7 +155,12 @@ def _workers(value: str) -> int | str:
 
 
 def _slots(value: str) -> int | str:
-    return value if value == "auto" else int(value)
+    """`auto`, or a whole number of slots (0 would start a server that serves nobody)."""
+    return value if value == "auto" else whole_number(value, "slots or 'auto'")
+
+
+def _queue(value: str) -> int:
+    return whole_number(value, "queue places", least=0)
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
