@@ -33,6 +33,9 @@ from parakeet_stream.engine.phrases import MAX_PHRASE_TOKENS, PhraseError
 from parakeet_stream.server import ServerConfig, ServerContext, serve
 
 TIMEOUT = 10
+# the engine's stats that move with timing, for comparing the rest exactly (the audio counted, the
+# live streams' backlog at the last plan: checked on their own)
+MOVING = {"audio_seconds": 0, "streams_behind": 0, "longest_backlog_chunks": 0, "oldest_chunk_wait_s": 0}
 PACKET = 1600  # 100 ms at 16 kHz
 
 

@@ -9,13 +9,9 @@ import time
 
 import numpy as np
 import pytest
-from helpers import collect_until_final, run_stream, tokens_of, varied_audios
+from helpers import MOVING, collect_until_final, run_stream, tokens_of, varied_audios
 
 from parakeet_stream.engine import ASREngine, EngineError, QueueFull
-
-
-# what moves with timing: checked elsewhere (the audio counted, the backlog at the last plan)
-MOVING = {"audio_seconds": 0, "streams_behind": 0, "longest_backlog_chunks": 0, "oldest_chunk_wait_s": 0}
 
 
 def test_32_streams_random_packets_match_solo(eou_model, wavs):

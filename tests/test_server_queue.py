@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import trio
 from helpers import (
+    MOVING,
     audio_messages,
     engine_reached,
     pcm16_exact,
@@ -14,10 +15,6 @@ from helpers import (
     tokens_of,
     url,
 )
-
-
-# what moves with timing: checked elsewhere (the audio counted, the backlog at the last plan)
-MOVING = {"audio_seconds": 0, "streams_behind": 0, "longest_backlog_chunks": 0, "oldest_chunk_wait_s": 0}
 
 
 @pytest.fixture(params=["in-process", "engine-process"])

@@ -105,7 +105,7 @@ class FrontEnds:
         """Frame every stream's new samples (all that is left of them where `last`) and compute all
         their log-mel frames in one batch: (frames [F, n_mels] float32 on the device, stream by
         stream, each stream's count). NeMo zero-masks a stream's frames past samples // hop."""
-        segments, counts, masked = [], [], []
+        segments, counts, masked, total = [], [], [], 0
         for front, new, is_last in zip(fronts, samples, last):
             segment = front.framing.push(np.asarray(new, np.float32))
             segments.append(segment)
@@ -114,10 +114,11 @@ class FrontEnds:
                 segments.append(end := front.framing.flush())
                 count += end[1]
                 done = front.framing.frames_done - count  # its frames of earlier steps
-                masked.append((sum(counts), max(0, front.framing.valid_frames - done), count))
+                masked.append((total, max(0, front.framing.valid_frames - done), count))
             counts.append(count)
+            total += count
         features = self.features
-        if not sum(counts):
+        if not total:
             return torch.zeros(0, features.cfg.n_mels, device=features.fb.device), np.zeros(len(fronts), np.int64)
         mel = features.mel(features.frames(segments)).float()
         zero = [np.arange(at + valid, at + count) for at, valid, count in masked if valid < count]

@@ -114,7 +114,9 @@ class Scheduler:
         self._paced_at = 0.0
         self._proven = PROVEN  # the most live streams a step has served in time
         self._refused: str | None = None  # why the queue's head waits, as last logged
-        self._behind = _behind([], 0.0)  # the live streams' backlog at the last plan (stats)
+        # the live streams' backlog at the last plan, for `stats` (worked out per plan, not per call: a
+        # queued client's every position update asks for the stats)
+        self._behind = _behind([], 0.0)
         self._stopped = False
         self._cv = threading.Condition()
 
