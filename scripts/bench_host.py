@@ -13,6 +13,12 @@ packets in real time from one driver thread (as a server's protocol thread would
 
     python scripts/bench_host.py --streams 256 512 1024 2048          # results/bench_host.json
     python scripts/bench_host.py --streams 1024 --lockstep 30 --device-ms 0,0   # host time per stage
+    python scripts/bench_host.py --streams 512 1024 --service   # the streams from another process
+
+With `--service` the streams come as a server's worker processes send them: from a child process
+through the engine client API (`EngineClient`) to the engine service in this one, so the CPU per
+chunk is the engine process's whole share of a server (its service threads reading audio and
+sending results included) and nothing of the driver's.
 
 Per level, after a 2 s warm-up of the same number of streams on the same engine (the step costs
 admission decides by, as on a running server): the chunk latency (p50, p95, first and last third;
@@ -28,6 +34,7 @@ import argparse
 import contextlib
 import gc
 import json
+import subprocess
 import sys
 import tempfile
 import threading
@@ -43,8 +50,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_engine import keeps_up, run_level  # noqa: E402
 from parakeet_stream.engine import ASREngine  # noqa: E402
+from parakeet_stream.engine.client import EngineClient  # noqa: E402
 from parakeet_stream.engine.model_runner import ModelRunner  # noqa: E402
 from parakeet_stream.engine.options import whole_number  # noqa: E402
+from parakeet_stream.engine.service import EngineService  # noqa: E402
 from parakeet_stream.host import single_threaded_host  # noqa: E402
 from parakeet_stream.server.operations.memory import freeze_startup_objects  # noqa: E402
 from parakeet_stream.tools.convert import convert  # noqa: E402
@@ -110,25 +119,65 @@ def stand_in_engine(folder: Path, n: int, device: StandIn, **options) -> Iterato
             gc.unfreeze()  # this engine's objects may be collected once it is gone
 
 
-def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: float) -> dict:
+def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: float, service: bool = False) -> dict:
     with stand_in_engine(folder, n, device, latency_target=target_ms / 1000) as engine:
-        mode = engine.default_lookahead
-        chunk_ms = engine.chunk_seconds(mode) * 1000
-        run_level(engine, n, 2.0, mode)  # warm-up: the step costs admission decides by, as on a running server
+        chunk_ms = engine.chunk_seconds(engine.default_lookahead) * 1000
+        driver = (through_service if service else in_process)(engine, n, seconds)
+        next(driver)  # warmed up: the step costs admission decides by, as on a running server
         capacity = engine.stats().get("capacity")
-        totals0 = engine.step_totals()
+        totals0, threads0 = engine.step_totals(), thread_cpu()
         cpu0, wall0 = time.process_time(), time.monotonic()
-        out = run_level(engine, n, seconds, mode)
-        cpu, wall, totals = time.process_time() - cpu0, time.monotonic() - wall0, engine.step_totals()
+        out = next(driver)
+        cpu, wall, totals, threads = time.process_time() - cpu0, time.monotonic() - wall0, engine.step_totals(), thread_cpu()
+        driver.close()
     steps, chunks = max(totals.steps - totals0.steps, 1), totals.chunks - totals0.chunks
+    per_chunk = 1e6 / max(out["chunks"], 1)
     # steady state: the last third (a burst of streams is admitted a step at a time: the first
     # ones in the queue carry what they sent while waiting)
     out |= {"holds": out["p95_last_third_ms"] <= target_ms and keeps_up(out, float("inf"), chunk_ms), "capacity": capacity, "steps_per_s": round(steps / wall, 1),
-            "chunks_per_step": round(chunks / steps, 1), "cpu_us_per_chunk": round(1e6 * cpu / max(out["chunks"], 1)),
+            "chunks_per_step": round(chunks / steps, 1), "cpu_us_per_chunk": round(cpu * per_chunk),
+            "thread_cpu_us_per_chunk": {name: round((threads[name] - threads0[name]) * per_chunk, 1)
+                                        for name in threads if name in threads0},
             "stage_ms_per_step": {k: round(1000 * (v - totals0.seconds.get(k, 0.0)) / steps, 2)
                                   for k, v in totals.seconds.items()},
             "chunks_per_s": round(out["chunks"] / wall)}
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def in_process(engine: ASREngine, n: int, seconds: float) -> Iterator[dict | None]:
+    """Streams pushed from a thread of this process: a 2 s warm-up, then the level."""
+    run_level(engine, n, 2.0, engine.default_lookahead)
+    yield None
+    yield run_level(engine, n, seconds, engine.default_lookahead)
+
+
+def through_service(engine: ASREngine, n: int, seconds: float) -> Iterator[dict | None]:
+    """The same streams from a child process through the engine client API, as a worker sends them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "engine.sock")
+        service = EngineService(engine, path).start()
+        child = subprocess.Popen([sys.executable, __file__, "--drive", path, "--streams", str(n),
+                                  "--seconds", str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            lines = iter(child.stdout)
+            if next(lines, "").strip() != "warm":
+                raise SystemExit("bench_host: the driving process failed")
+            yield None
+            yield json.loads(next(lines))
+        finally:
+            child.kill()
+            child.wait()
+            service.close()
+
+
+def drive(path: str, n: int, seconds: float) -> None:
+    """The child of `--service`: the streams through an EngineClient; 'warm', then the level's line,
+    then connected until the parent has read its figures (the service's threads end with the client)."""
+    client = EngineClient.connect(path)
+    run_level(client, n, 2.0, client.info.default_lookahead)
+    print("warm", flush=True)
+    print(json.dumps(run_level(client, n, seconds, client.info.default_lookahead)), flush=True)
+    sys.stdin.read()
 
 
 def lockstep(folder: Path, n: int, rounds: int, device: StandIn) -> dict:
@@ -205,9 +254,14 @@ def main() -> None:
     ap.add_argument("--target-ms", type=float, default=320.0, help="p95 chunk latency a level must hold")
     ap.add_argument("--lockstep", type=whole_number, metavar="ROUNDS",
                     help="instead of real-time levels: ROUNDS rounds of one packet per stream, one step each")
+    ap.add_argument("--service", action="store_true",
+                    help="real-time levels driven from another process through the engine service")
+    ap.add_argument("--drive", metavar="SOCKET", help=argparse.SUPPRESS)  # --service's child
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_host.json")
     args = ap.parse_args()
     single_threaded_host()
+    if args.drive:
+        return drive(args.drive, args.streams[0], args.seconds)
     fixed, per_row = args.device_ms
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -217,7 +271,7 @@ def main() -> None:
             if args.lockstep:
                 runs.append(lockstep(folder, n, args.lockstep, StandIn(fixed, per_row)))
             else:
-                runs.append(level(folder, n, args.seconds, StandIn(fixed, per_row), args.target_ms))
+                runs.append(level(folder, n, args.seconds, StandIn(fixed, per_row), args.target_ms, args.service))
             print(json.dumps(runs[-1]), flush=True)
     if args.lockstep:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -225,7 +279,7 @@ def main() -> None:
         print(f"bench_host: wrote {args.out}")
         return
     held = [r["streams"] for r in runs if r["holds"]]
-    summary = {"device_ms": [fixed, per_row], "target_ms": args.target_ms, "capacity": max(held, default=0), "levels": runs}
+    summary = {"device_ms": [fixed, per_row], "target_ms": args.target_ms, "capacity": max(held, default=0), "service": args.service, "levels": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2))
     print(f"bench_host: {summary['capacity']} streams hold p95 <= {args.target_ms:.0f} ms "

@@ -12,6 +12,7 @@ import socket
 import time
 from contextlib import AsyncExitStack
 
+import numpy as np
 import pytest
 import riva.client as riva_client
 import trio
@@ -22,6 +23,7 @@ from helpers import (
     audio_file,
     audio_messages,
     behind_service,
+    collect_until_final,
     http_get,
     metric,
     multipart,
@@ -30,11 +32,14 @@ from helpers import (
     run_stream,
     tokens_of,
     transcribe_raw,
+    varied_audios,
     wait_until,
 )
 
 from parakeet_stream.client import encode_audio
+from parakeet_stream.engine import client as engine_client
 from parakeet_stream.engine.messages import HEADER, Audio, Framer, FromEngine, Open, Opened
+from parakeet_stream.engine.service import packets
 from parakeet_stream.server.cli import build_parser
 from parakeet_stream.server.operations.workers import default_workers
 
@@ -209,7 +214,9 @@ def test_the_engine_service_refuses_a_bad_message_and_drops_only_a_client_that_s
         framer = Framer(FromEngine)
         with socket.socket(socket.AF_UNIX) as careless, socket.socket(socket.AF_UNIX) as broken:
             careless.connect(path)
-            careless.sendall(framer.frame(Audio(10**6, b"abc")))  # 3 bytes: no float32 samples
+            careless.sendall(framer.frame(Audio([10**6], [0], b"abc")))  # 3 bytes: no float32 samples
+            careless.sendall(framer.frame(Audio([1, 2], [3], bytes(12))))  # one size for two streams
+            careless.sendall(framer.frame(Audio([1], [2], bytes(12))))  # 3 samples, 2 announced
             careless.sendall(framer.frame(Open(1, None, False, [])))
             assert any(isinstance(m, Opened) and m.ref == 1 for m in _messages(careless, framer, Opened))
             broken.connect(path)
@@ -218,6 +225,49 @@ def test_the_engine_service_refuses_a_bad_message_and_drops_only_a_client_that_s
             while broken.recv(65536):  # until the engine closes it
                 pass
         assert tokens_of(run_stream(good, sentence)) == solo_tokens
+
+
+def test_packets_sent_together_reach_the_engine_in_one_message_each_stream_its_own(engine, wavs):
+    """A worker's audio leaves in the order pushed, what was queued together as one message of many
+    streams' packets: the engine process reads and pushes once for all of them, and every stream
+    still gets exactly its own samples, in order, before its final."""
+    audios = varied_audios(wavs, 4)
+    alone = [tokens_of(run_stream(engine, audio)) for audio in audios]
+    calls: list[int] = []
+    push_many = engine.push_many
+
+    def counted(sids, packets):
+        calls.append(len(sids))
+        push_many(sids, packets)
+
+    engine.push_many = counted
+    try:
+        with behind_service(engine) as client:
+            sids = [client.create_stream() for _ in audios]
+            sent = 0
+            for start in range(0, max(map(len, audios)), 1280):
+                for sid, audio in zip(sids, audios):
+                    if start < len(audio):
+                        client.push_audio(sid, audio[start:start + 1280])
+                        sent += 1
+            for sid in sids:
+                client.finalize(sid)
+            together = [tokens_of(collect_until_final(client, sid)) for sid in sids]
+    finally:
+        del engine.push_many
+    assert together == alone
+    assert sum(calls) == sent and len(calls) < sent // 2
+
+
+def test_audio_messages_keep_to_their_size_bound_and_a_larger_packet_goes_alone(monkeypatch):
+    monkeypatch.setattr(engine_client, "AUDIO_BYTES", 40)  # 10 samples
+    sent = [(1, np.arange(4, dtype=np.float32)), (2, np.arange(5, dtype=np.float32)),
+            (3, np.arange(12, dtype=np.float32)), (1, np.arange(2, dtype=np.float32))]
+    messages = list(engine_client._audio_messages(iter(sent)))
+    assert [m.sids for m in messages] == [[1, 2], [3], [1]]
+    received = [(sid, packet) for m in messages for sid, packet in zip(m.sids, packets(m))]
+    assert [sid for sid, _ in received] == [sid for sid, _ in sent]
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(received, sent))
 
 
 def _messages(sock: socket.socket, framer: Framer, until: type) -> list:

@@ -218,17 +218,30 @@ class ASREngine:
 
     def push_audio(self, sid: int, samples) -> None:
         seq = self._seq(sid)
-        if seq.status is Status.FAILED:
-            raise EngineError("inference_error", "the stream failed")
-        if seq.final_at is not None or seq.status in (Status.CANCELLED, Status.FINISHED):
-            raise EngineError("stream_closed", "audio after the end of the stream")
+        if (closed := _closed(seq)) is not None:
+            raise closed
         samples = check_samples(np.asarray(samples, dtype=np.float32))
         if samples.size:
-            made_ready = seq.inbox.add(samples)
+            if seq.inbox.add(samples):  # a push that makes no chunk ready changes no scheduling decision
+                self.scheduler.chunk_ready()
             with self._lock:
                 self._audio_seconds += samples.size / self.sample_rate
-            if made_ready:  # a push that makes no chunk ready changes no scheduling decision
-                self.scheduler.chunk_ready()
+
+    def push_many(self, sids: list[int], packets: list[np.ndarray]) -> None:
+        """push_audio for packets of many streams at once (the engine service's Audio messages),
+        their samples already checked: float32, 1-D, finite. A stream that is unknown, over or
+        failed skips its packet (its results say why); the Scheduler is woken once."""
+        with self._lock:
+            seqs = [self._seqs.get(sid) for sid in sids]
+        ready, pushed = False, 0
+        for seq, samples in zip(seqs, packets):
+            if seq is not None and samples.size and _closed(seq) is None:
+                ready |= seq.inbox.add(samples)
+                pushed += samples.size
+        if ready:
+            self.scheduler.chunk_ready()
+        with self._lock:
+            self._audio_seconds += pushed / self.sample_rate
 
     def finalize(self, sid: int) -> None:
         self.scheduler.finalize(self._seq(sid))
@@ -372,3 +385,12 @@ def _notify(seqs: list[Sequence]) -> None:
     """Tell the streams' listeners of news: results, or a slot or queue place that changed."""
     for seq in seqs:
         seq.outbox.notify()
+
+
+def _closed(seq: Sequence) -> EngineError | None:
+    """Why the stream takes no more audio, or None while it does."""
+    if seq.status is Status.FAILED:
+        return EngineError("inference_error", "the stream failed")
+    if seq.final_at is not None or seq.status in (Status.CANCELLED, Status.FINISHED):
+        return EngineError("stream_closed", "audio after the end of the stream")
+    return None

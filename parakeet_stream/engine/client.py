@@ -2,7 +2,8 @@
 server's worker processes. The server's doors call it as they call an ASREngine: the same
 methods, the same errors, listeners called from another thread (here the reading thread).
 
-Audio, finals and cancels are sent and not answered; a stream's results and queue position come
+Audio, finals and cancels are sent and not answered; every message leaves from a sending thread,
+in order, and audio packets queued together leave as one Audio message; a stream's results and queue position come
 as News and wait in an Outbox as the engine's own do; opening a stream and the figures (stats,
 step totals, latency, health) are asked and answered, blocking the caller for a round trip (a
 stream's opening, an HTTP probe: not per audio message). When the engine process goes away, every
@@ -15,6 +16,8 @@ import contextlib
 import itertools
 import socket
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,7 +31,7 @@ from .languages import Languages
 from .messages import Answer, Ask, Audio, Cancel, Final, FromEngine, Framer, Hello, News, Open, Opened, Refused
 from .phrases import Phrase, PhraseError, boosting_tree
 from .results import Outbox, StreamResult
-from .service import READ_BYTES, SOCKET_BUFFER
+from .service import SOCKET_BUFFER
 from .step import StepTotals
 
 # seconds an answer may take: a stream's opening fails after OPEN_TIMEOUT; a figure (stats,
@@ -37,6 +40,12 @@ from .step import StepTotals
 OPEN_TIMEOUT = 5.0
 FIGURE_TIMEOUT = 0.5
 FIGURES = ("stats", "totals", "latency", "healthy")
+# What is queued within COALESCE_SECONDS of the last send leaves with it, its audio packets in one
+# Audio message (of at most AUDIO_BYTES, unless one packet is larger): the engine process then
+# wakes, reads and pushes once for many streams' packets. Per packet, its reading thread's wake-up
+# and hand-offs of the interpreter lock cost it more than the push itself.
+COALESCE_SECONDS = 0.002
+AUDIO_BYTES = 4 << 20
 
 
 @dataclass
@@ -60,10 +69,13 @@ class EngineClient:
         self._asked: dict[int, tuple[threading.Event, list]] = {}
         self._refs = itertools.count(1)
         self._alive = True
+        self._outgoing: list = []  # messages, and (sid, samples) for audio, in the order sent
+        self._out_cv = threading.Condition()
         self.on_lost = on_lost
         self.info = _info(self._read_hello())
         self._figures = {what: None for what in FIGURES}
         threading.Thread(target=self._read, name="engine-client", daemon=True).start()
+        threading.Thread(target=self._write, name="engine-client-send", daemon=True).start()
         for what in FIGURES:  # known before the engine could go away
             self._figures[what] = self._call(lambda ref, what=what: Ask(ref, what), OPEN_TIMEOUT).value
 
@@ -105,7 +117,7 @@ class EngineClient:
             raise EngineError("stream_closed", "audio after the end of the stream")
         samples = check_samples(np.asarray(samples, dtype=np.float32))
         if samples.size:
-            self._send(Audio(sid, samples.tobytes()))
+            self._send((sid, samples))
 
     def finalize(self, sid: int) -> None:
         stream = self._stream(sid)
@@ -179,19 +191,41 @@ class EngineClient:
                 self._asked.pop(ref, None)
 
     def _send(self, message) -> None:
-        frame = self._framer.frame(message)
-        try:
-            with self._send_lock:
-                self._sock.sendall(frame)
-        except OSError:
-            raise EngineError("inference_error", "the engine is gone") from None
+        if not self._alive:
+            raise EngineError("inference_error", "the engine is gone")
+        with self._out_cv:
+            self._outgoing.append(message)
+            self._out_cv.notify()
+
+    def _write(self) -> None:
+        sent = 0.0
+        while True:
+            with self._out_cv:
+                while not self._outgoing and self._alive:
+                    self._out_cv.wait()
+                if not self._alive:
+                    return
+            if (delay := sent + COALESCE_SECONDS - time.monotonic()) > 0:
+                time.sleep(delay)
+            with self._out_cv:
+                queued, self._outgoing = self._outgoing, []
+            try:
+                self._sock.sendall(b"".join(self._frames(queued)))
+            except OSError:
+                return  # the reading thread sees the engine gone and ends every stream
+            sent = time.monotonic()
+
+    def _frames(self, queued: list) -> Iterator[bytes]:
+        """The queued messages' frames in order, each run of audio packets as Audio messages."""
+        for audio, run in itertools.groupby(queued, key=lambda item: isinstance(item, tuple)):
+            for message in _audio_messages(run) if audio else run:
+                yield self._framer.frame(message)
 
     def _read_hello(self) -> Hello:
         while True:
-            data = self._sock.recv(READ_BYTES)
-            if not data:
+            messages = self._framer.receive(self._sock)
+            if messages is None:
                 raise ConnectionError("the engine closed the connection before saying hello")
-            messages = self._framer.feed(data)
             if messages:
                 if len(messages) > 1 or not isinstance(messages[0], Hello):
                     raise ConnectionError("the engine's first message was not its hello")
@@ -199,8 +233,8 @@ class EngineClient:
 
     def _read(self) -> None:
         try:
-            while data := self._sock.recv(READ_BYTES):
-                for message in self._framer.feed(data):
+            while (messages := self._framer.receive(self._sock)) is not None:
+                for message in messages:
                     self._handle(message)
         except (OSError, ValueError):
             pass
@@ -233,6 +267,8 @@ class EngineClient:
     def _lost(self) -> None:
         """The engine went away: every open stream ends with an error, every caller waiting is told."""
         self._alive = False
+        with self._out_cv:
+            self._out_cv.notify()
         with self._lock:
             streams, asked = dict(self._streams), list(self._asked.values())
         for done, _ in asked:
@@ -249,6 +285,25 @@ class EngineClient:
         if stream is None:
             raise EngineError("unknown_stream", f"no stream {sid}")
         return stream
+
+
+def _audio_messages(packets: Iterator[tuple[int, np.ndarray]]) -> Iterator[Audio]:
+    """(sid, samples) packets as Audio messages of at most AUDIO_BYTES (a larger packet alone)."""
+    batch: list[tuple[int, np.ndarray]] = []
+    size = 0
+    for packet in packets:
+        if batch and size + packet[1].nbytes > AUDIO_BYTES:
+            yield _audio(batch)
+            batch, size = [], 0
+        batch.append(packet)
+        size += packet[1].nbytes
+    if batch:
+        yield _audio(batch)
+
+
+def _audio(batch: list[tuple[int, np.ndarray]]) -> Audio:
+    return Audio([sid for sid, _ in batch], [samples.size for _, samples in batch],
+                 b"".join(samples for _, samples in batch))
 
 
 def _info(hello: Hello) -> EngineInfo:

@@ -2,8 +2,8 @@
 server's worker processes, client.py) over a Unix socket, in the messages of messages.py.
 
 Each client gets two threads: one reads its messages and calls the engine (the only work the
-engine's interpreter does per audio message: a frame decoded, the samples viewed, pushed), one
-sends what the engine has for its streams. Engine listeners only mark a stream as changed; the
+engine's interpreter does for the audio: a message of many streams' packets decoded, its samples
+checked and viewed, each packet pushed), one sends what the engine has for its streams. Engine listeners only mark a stream as changed; the
 sending thread collects every changed stream's results and queue position at once, in one write.
 A client that goes away (its process died) has its streams cancelled: their slots go to others.
 """
@@ -11,6 +11,7 @@ A client that goes away (its process died) has its streams cancelled: their slot
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -19,6 +20,7 @@ from functools import partial
 
 import numpy as np
 
+from ..audio import check_samples
 from .asr_engine import ASREngine
 from .errors import EngineError, QueueFull
 from .messages import Answer, Ask, Audio, Cancel, Final, Framer, Hello, News, Open, Opened, Refused, ToEngine
@@ -26,7 +28,6 @@ from .phrases import Phrase
 
 log = logging.getLogger(__name__)
 
-READ_BYTES = 1 << 20
 SOCKET_BUFFER = 4 << 20  # bytes the kernel holds each way: bursts of audio and results without blocking
 
 
@@ -101,8 +102,8 @@ class _Client:
     def _read(self) -> None:
         try:
             self._send(hello(self.engine))
-            while data := self.sock.recv(READ_BYTES):
-                for message in self._framer.feed(data):
+            while (messages := self._framer.receive(self.sock)) is not None:
+                for message in messages:
                     try:
                         self._handle(message)
                     except ValueError as exc:  # a message the engine refuses (e.g. samples not float32): that one only
@@ -117,8 +118,7 @@ class _Client:
     def _handle(self, message) -> None:
         engine = self.engine
         if isinstance(message, Audio):
-            with contextlib.suppress(EngineError):  # failed or over: its results tell the client
-                engine.push_audio(message.sid, np.frombuffer(message.samples, np.float32))
+            engine.push_many(message.sids, packets(message))
         elif isinstance(message, Open):
             self._open(message)
         elif isinstance(message, Final):
@@ -203,6 +203,17 @@ class _Client:
         if frames:
             with self._send_lock:
                 self.sock.sendall(b"".join(frames))
+
+
+def packets(message: Audio) -> list[np.ndarray]:
+    """An Audio message's packets, each stream's samples (views of the message's bytes)."""
+    if len(message.sizes) != len(message.sids) or min(message.sizes, default=0) < 0:
+        raise ValueError("an audio message whose packet sizes do not match its streams")
+    samples = check_samples(np.frombuffer(message.samples, np.float32))
+    ends = list(itertools.accumulate(message.sizes))
+    if (total := ends[-1] if ends else 0) != samples.size:
+        raise ValueError(f"an audio message of {samples.size} samples whose packets add up to {total}")
+    return [samples[end - size:end] for size, end in zip(message.sizes, ends)]
 
 
 def hello(engine: ASREngine) -> Hello:
