@@ -117,3 +117,20 @@ def test_the_host_benchmarks_lockstep_makes_each_round_one_step_and_answers_ever
     if sys.platform.startswith("linux"):  # each thread's CPU, from /proc: the driver's and the stages' own
         threads = level["thread_cpu_us_per_chunk"]
         assert {"MainThread", "pre-encode", "decode"} <= set(threads) and threads["pre-encode"] > 0
+
+
+def test_the_host_benchmark_through_the_service_counts_the_engine_process_and_its_service_threads(tmp_path):
+    """`--service`: the streams come from a child process through the engine client API; every
+    chunk is answered there, and the engine process's figures include its service threads."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
+    out = subprocess.run([sys.executable, str(script), "--streams", "6", "--seconds", "1.5", "--service",
+                          "--out", str(tmp_path / "service.json")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads((tmp_path / "service.json").read_text())
+    (level,) = report["levels"]
+    assert report["service"] and level["streams"] == 6 and level["chunks"] >= 6 * 8  # 1.5 s of 160 ms chunks each
+    assert level["cpu_us_per_chunk"] > 0 and level["time_to_final_p95_ms"] is not None
+    if sys.platform.startswith("linux"):
+        threads = level["thread_cpu_us_per_chunk"]
+        assert {"engine-service-read", "engine-service-write", "pre-encode"} <= set(threads)
+        assert threads["engine-service-read"] > 0
