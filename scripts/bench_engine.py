@@ -45,10 +45,10 @@ def speech(seconds: float, seed: int) -> np.ndarray:
     return np.roll(audio, -start)[:n]
 
 
-def run_level(engine: ASREngine, n: int, seconds: float, lookahead) -> dict:
+def run_level(engine: ASREngine, n: int, seconds: float, lookahead, packet_ms: tuple[int, int] = (20, 160)) -> dict:
     audios = [speech(seconds, seed) for seed in range(n)]
     rng = np.random.default_rng(n)
-    packets = [int(rng.integers(20, 161)) * 16 for _ in range(n)]  # samples per packet
+    packets = [int(rng.integers(packet_ms[0], packet_ms[1] + 1)) * 16 for _ in range(n)]  # samples per packet
     sids = [engine.create_stream(lookahead) for _ in range(n)]
     latencies: list[tuple[float, float]] = []
     finals: dict[int, float] = {}

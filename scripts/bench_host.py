@@ -14,6 +14,7 @@ packets in real time from one driver thread (as a server's protocol thread would
     python scripts/bench_host.py --streams 256 512 1024 2048          # results/bench_host.json
     python scripts/bench_host.py --streams 1024 --lockstep 30 --device-ms 0,0   # host time per stage
     python scripts/bench_host.py --streams 512 1024 --service   # the streams from another process
+    python scripts/bench_host.py --streams 1024 --service --packet-ms 20,20   # 20 ms packets
 
 With `--service` the streams come as a server's worker processes send them: from a child process
 through the engine client API (`EngineClient`) to the engine service in this one, so the CPU per
@@ -119,10 +120,11 @@ def stand_in_engine(folder: Path, n: int, device: StandIn, **options) -> Iterato
             gc.unfreeze()  # this engine's objects may be collected once it is gone
 
 
-def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: float, service: bool = False) -> dict:
+def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: float, service: bool = False,
+          packet_ms: tuple[int, int] = (20, 160)) -> dict:
     with stand_in_engine(folder, n, device, latency_target=target_ms / 1000) as engine:
         chunk_ms = engine.chunk_seconds(engine.default_lookahead) * 1000
-        driver = (through_service if service else in_process)(engine, n, seconds)
+        driver = (through_service if service else in_process)(engine, n, seconds, packet_ms)
         next(driver)  # warmed up: the step costs admission decides by, as on a running server
         capacity = engine.stats().get("capacity")
         totals0, threads0 = engine.step_totals(), thread_cpu()
@@ -144,20 +146,20 @@ def level(folder: Path, n: int, seconds: float, device: StandIn, target_ms: floa
     return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
 
 
-def in_process(engine: ASREngine, n: int, seconds: float) -> Iterator[dict | None]:
+def in_process(engine: ASREngine, n: int, seconds: float, packet_ms: tuple[int, int]) -> Iterator[dict | None]:
     """Streams pushed from a thread of this process: a 2 s warm-up, then the level."""
-    run_level(engine, n, 2.0, engine.default_lookahead)
+    run_level(engine, n, 2.0, engine.default_lookahead, packet_ms)
     yield None
-    yield run_level(engine, n, seconds, engine.default_lookahead)
+    yield run_level(engine, n, seconds, engine.default_lookahead, packet_ms)
 
 
-def through_service(engine: ASREngine, n: int, seconds: float) -> Iterator[dict | None]:
+def through_service(engine: ASREngine, n: int, seconds: float, packet_ms: tuple[int, int]) -> Iterator[dict | None]:
     """The same streams from a child process through the engine client API, as a worker sends them."""
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "engine.sock")
         service = EngineService(engine, path).start()
         child = subprocess.Popen([sys.executable, __file__, "--drive", path, "--streams", str(n),
-                                  "--seconds", str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                  "--seconds", str(seconds), "--packet-ms", ",".join(map(str, packet_ms))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             lines = iter(child.stdout)
             if next(lines, "").strip() != "warm":
@@ -170,13 +172,13 @@ def through_service(engine: ASREngine, n: int, seconds: float) -> Iterator[dict 
             service.close()
 
 
-def drive(path: str, n: int, seconds: float) -> None:
+def drive(path: str, n: int, seconds: float, packet_ms: tuple[int, int]) -> None:
     """The child of `--service`: the streams through an EngineClient; 'warm', then the level's line,
     then connected until the parent has read its figures (the service's threads end with the client)."""
     client = EngineClient.connect(path)
-    run_level(client, n, 2.0, client.info.default_lookahead)
+    run_level(client, n, 2.0, client.info.default_lookahead, packet_ms)
     print("warm", flush=True)
-    print(json.dumps(run_level(client, n, seconds, client.info.default_lookahead)), flush=True)
+    print(json.dumps(run_level(client, n, seconds, client.info.default_lookahead, packet_ms)), flush=True)
     sys.stdin.read()
 
 
@@ -246,6 +248,16 @@ def device_ms(text: str) -> tuple[float, float]:
     return fixed, per_chunk
 
 
+def packet_ms(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"LO,HI whole milliseconds, e.g. 20,160; got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"need 1 <= LO <= HI; got {text!r}")
+    return lo, hi
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", type=whole_number, nargs="+", default=[256, 512, 1024, 2048])
@@ -256,12 +268,14 @@ def main() -> None:
                     help="instead of real-time levels: ROUNDS rounds of one packet per stream, one step each")
     ap.add_argument("--service", action="store_true",
                     help="real-time levels driven from another process through the engine service")
+    ap.add_argument("--packet-ms", type=packet_ms, default="20,160",
+                    help="real-time levels: each stream's packets, LO,HI ms (one size per stream, drawn between them)")
     ap.add_argument("--drive", metavar="SOCKET", help=argparse.SUPPRESS)  # --service's child
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_host.json")
     args = ap.parse_args()
     single_threaded_host()
     if args.drive:
-        return drive(args.drive, args.streams[0], args.seconds)
+        return drive(args.drive, args.streams[0], args.seconds, args.packet_ms)
     fixed, per_row = args.device_ms
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -271,7 +285,8 @@ def main() -> None:
             if args.lockstep:
                 runs.append(lockstep(folder, n, args.lockstep, StandIn(fixed, per_row)))
             else:
-                runs.append(level(folder, n, args.seconds, StandIn(fixed, per_row), args.target_ms, args.service))
+                runs.append(level(folder, n, args.seconds, StandIn(fixed, per_row), args.target_ms, args.service,
+                                  args.packet_ms))
             print(json.dumps(runs[-1]), flush=True)
     if args.lockstep:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -279,7 +294,8 @@ def main() -> None:
         print(f"bench_host: wrote {args.out}")
         return
     held = [r["streams"] for r in runs if r["holds"]]
-    summary = {"device_ms": [fixed, per_row], "target_ms": args.target_ms, "capacity": max(held, default=0), "service": args.service, "levels": runs}
+    summary = {"device_ms": [fixed, per_row], "target_ms": args.target_ms, "capacity": max(held, default=0), "service": args.service,
+               "packet_ms": list(args.packet_ms), "levels": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2))
     print(f"bench_host: {summary['capacity']} streams hold p95 <= {args.target_ms:.0f} ms "

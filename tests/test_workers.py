@@ -38,6 +38,7 @@ from helpers import (
 
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import client as engine_client
+from parakeet_stream.engine.inbox import Inbox
 from parakeet_stream.engine.messages import HEADER, Audio, Framer, FromEngine, Open, Opened
 from parakeet_stream.engine.service import packets
 from parakeet_stream.server.cli import build_parser
@@ -229,26 +230,28 @@ def test_the_engine_service_refuses_a_bad_message_and_drops_only_a_client_that_s
 
 def test_packets_sent_together_reach_the_engine_in_one_message_each_stream_its_own(engine, wavs):
     """A worker's audio leaves in the order pushed, what was queued together as one message of many
-    streams' packets: the engine process reads and pushes once for all of them, and every stream
-    still gets exactly its own samples, in order, before its final."""
+    streams' packets, and a stream's small packets are held until they make a chunk ready: the
+    engine process reads and pushes once for many streams, about one packet per chunk of each, and
+    every stream still gets exactly its own samples, in order, before its final."""
     audios = varied_audios(wavs, 4)
     alone = [tokens_of(run_stream(engine, audio)) for audio in audios]
-    calls: list[int] = []
+    got: list[tuple[list[int], list[int]]] = []
     push_many = engine.push_many
 
     def counted(sids, packets):
-        calls.append(len(sids))
+        got.append((list(sids), [packet.size for packet in packets]))
         push_many(sids, packets)
 
     engine.push_many = counted
     try:
         with behind_service(engine) as client:
             sids = [client.create_stream() for _ in audios]
+            first, more = client.info.ready_samples[client.info.default_lookahead]
             sent = 0
-            for start in range(0, max(map(len, audios)), 1280):
+            for start in range(0, max(map(len, audios)), 320):  # 20 ms packets
                 for sid, audio in zip(sids, audios):
                     if start < len(audio):
-                        client.push_audio(sid, audio[start:start + 1280])
+                        client.push_audio(sid, audio[start:start + 320])
                         sent += 1
             for sid in sids:
                 client.finalize(sid)
@@ -256,7 +259,32 @@ def test_packets_sent_together_reach_the_engine_in_one_message_each_stream_its_o
     finally:
         del engine.push_many
     assert together == alone
-    assert sum(calls) == sent and len(calls) < sent // 2
+    received = {sid: [size for sids_, sizes in got for s, size in zip(sids_, sizes) if s == sid] for sid in sids}
+    for sid, audio in zip(sids, audios):
+        assert sum(received[sid]) == len(audio)
+        assert len(received[sid]) <= 2 + (len(audio) - first) // more  # a packet per chunk, and the rest at the final
+    assert len(got) < sent // 8
+
+
+def test_a_stream_s_audio_is_held_only_while_it_makes_no_chunk_ready(engine):
+    """The engine client's hold (`_Held`) against the engine's own rule (Inbox): fed the same
+    packets, the engine's inbox behind the hold has every chunk ready as soon as an inbox fed
+    every packet at once has it, in every lookahead mode, and nothing is left behind at the end."""
+    rng = np.random.default_rng(7)
+    features = engine.model.cfg.features
+    for mode in engine.info.lookahead_modes:
+        inbox = lambda: Inbox(engine.model.encoder.chunk_spec(mode), features.hop_length, features.n_fft)  # noqa: E731
+        direct, behind = inbox(), inbox()
+        held = engine_client._Held(*engine.info.ready_samples[mode])
+        for size in rng.integers(1, 3000, 300):
+            packet = np.zeros(size, np.float32)
+            direct.add(packet)
+            if (released := held.add(packet)) is not None:
+                behind.add(released)
+            assert behind.chunks_ready == direct.chunks_ready
+        if (rest := held.rest()) is not None:  # at the final
+            behind.add(rest)
+        assert behind.samples_in == direct.samples_in and held.rest() is None
 
 
 def test_audio_messages_keep_to_their_size_bound_and_a_larger_packet_goes_alone(monkeypatch):

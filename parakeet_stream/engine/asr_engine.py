@@ -115,6 +115,7 @@ class ASREngine:
             default_lookahead=self.default_lookahead,
             bulk_lookahead=bulk_lookahead(self.lookahead_modes),
             chunk_seconds={mode: self.chunk_seconds(mode) for mode in self.lookahead_modes},
+            ready_samples={mode: self._inbox(mode).readiness for mode in self.lookahead_modes},
             precision=model.precision,
             start_seconds=round(time.monotonic() - started, 2),
             cuda_graphs=self.runner.graph_count,
@@ -192,12 +193,11 @@ class ASREngine:
         else:
             mode = self.info.bulk_lookahead if bulk else self.default_lookahead
         sid = next(self._ids)
-        spec, fcfg = self.model.encoder.chunk_spec(mode), self.model.cfg.features
         seq = Sequence(
             stream_id=sid,
             lookahead=mode,
-            inbox=Inbox(spec, fcfg.hop_length, fcfg.n_fft),
-            front=FrontEnd(self.model.features, spec),
+            inbox=self._inbox(mode),
+            front=FrontEnd(self.model.features, self.model.encoder.chunk_spec(mode)),
             decoding=DecoderProgress(self.model.tokenizer, language),
             bulk=bulk,
             boosting=tree,
@@ -360,6 +360,10 @@ class ASREngine:
         _notify(changed)
 
     # --- internals ------------------------------------------------------------------------
+    def _inbox(self, mode: Lookahead) -> Inbox:
+        features = self.model.cfg.features
+        return Inbox(self.model.encoder.chunk_spec(mode), features.hop_length, features.n_fft)
+
     def _seq(self, sid: int) -> Sequence:
         with self._lock:
             seq = self._seqs.get(sid)

@@ -3,7 +3,10 @@ server's worker processes. The server's doors call it as they call an ASREngine:
 methods, the same errors, listeners called from another thread (here the reading thread).
 
 Audio, finals and cancels are sent and not answered; every message leaves from a sending thread,
-in order, and audio packets queued together leave as one Audio message; a stream's results and queue position come
+in order, and audio packets queued together leave as one Audio message. A stream's audio is held
+here until it makes a chunk ready (the engine can do nothing with less: `_Held`), so that the
+engine process takes one packet per chunk however small the client's packets (20 ms from many
+voice-agent frameworks: eight times fewer); a stream's results and queue position come
 as News and wait in an Outbox as the engine's own do; opening a stream and the figures (stats,
 step totals, latency, health) are asked and answered, blocking the caller for a round trip (a
 stream's opening, an HTTP probe: not per audio message). When the engine process goes away, every
@@ -48,12 +51,38 @@ COALESCE_SECONDS = 0.002
 AUDIO_BYTES = 4 << 20
 
 
+class _Held:
+    """A stream's samples not sent yet, until they make its next chunk ready (Inbox's rule)."""
+
+    def __init__(self, first: int, more: int) -> None:
+        self.packets: list[np.ndarray] = []
+        self.pushed = 0
+        self.next_ready, self.more = first, more
+
+    def add(self, samples: np.ndarray) -> np.ndarray | None:
+        """Everything held, once `samples` made a chunk ready; else None."""
+        self.packets.append(samples)
+        self.pushed += samples.size
+        if self.pushed < self.next_ready:
+            return None
+        self.next_ready += self.more * (1 + (self.pushed - self.next_ready) // self.more)
+        return self.rest()
+
+    def rest(self) -> np.ndarray | None:
+        """Everything held (None: nothing): what the stream's final needs."""
+        packets, self.packets = self.packets, []
+        if len(packets) > 1:
+            return np.concatenate(packets)
+        return packets[0] if packets else None
+
+
 @dataclass
 class _Stream:
     position: int
     outbox: Outbox = field(default_factory=Outbox)
     final: bool = False  # the client's final was sent
     failed: bool = False
+    held: _Held | None = None  # None: every packet is sent as pushed
 
 
 class EngineClient:
@@ -104,6 +133,11 @@ class EngineClient:
             if answer.code == "invalid_phrases":
                 raise PhraseError(answer.message)
             raise EngineError(answer.code, answer.message)
+        mode = lookahead if lookahead is not None else self.info.bulk_lookahead if bulk else self.info.default_lookahead
+        with self._lock:
+            stream = self._streams.get(answer.sid)
+        if stream is not None and mode in self.info.ready_samples:
+            stream.held = _Held(*self.info.ready_samples[mode])
         return answer.sid
 
     def queue_position(self, sid: int) -> int:
@@ -116,13 +150,15 @@ class EngineClient:
         if stream.final:
             raise EngineError("stream_closed", "audio after the end of the stream")
         samples = check_samples(np.asarray(samples, dtype=np.float32))
-        if samples.size:
+        if samples.size and (samples := samples if stream.held is None else stream.held.add(samples)) is not None:
             self._send((sid, samples))
 
     def finalize(self, sid: int) -> None:
         stream = self._stream(sid)
         if not stream.final:
             stream.final = True
+            if stream.held is not None and (rest := stream.held.rest()) is not None:
+                self._send((sid, rest))
             self._send(Final(sid))
 
     def cancel(self, sid: int) -> None:
@@ -315,6 +351,7 @@ def _info(hello: Hello) -> EngineInfo:
         default_lookahead=tuple(hello.default_lookahead),
         bulk_lookahead=tuple(hello.bulk_lookahead),
         chunk_seconds={tuple(mode): seconds for mode, seconds in hello.chunk_seconds},
+        ready_samples={tuple(mode): (first, more) for mode, first, more in hello.ready_samples},
         precision=hello.precision,
         start_seconds=hello.start_seconds,
         cuda_graphs=hello.cuda_graphs,

@@ -74,6 +74,12 @@ class Inbox:
         self.on_ready: Callable[[], None] | None = None  # called as a chunk becomes ready (the Scheduler's mark)
 
     @property
+    def readiness(self) -> tuple[int, int]:
+        """(samples that make the first chunk ready, samples each later chunk adds): the engine can
+        do nothing with a stream's samples short of its next chunk (engine/client.py holds them)."""
+        return self.samples_for(0), self.samples_for(1) - self.samples_for(0)
+
+    @property
     def chunk_samples(self) -> int:
         """Samples of audio per chunk after the first: how often the stream needs a step."""
         return self.spec.chunk_frames * self._hop

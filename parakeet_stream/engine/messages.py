@@ -62,6 +62,7 @@ class Hello(msgspec.Struct, tag=10, array_like=True):
     default_lookahead: tuple[int, int]
     bulk_lookahead: tuple[int, int]
     chunk_seconds: list[tuple[tuple[int, int], float]]
+    ready_samples: list[tuple[tuple[int, int], int, int]]  # per mode: (mode, first, each more)
     precision: PrecisionChoice
     start_seconds: float
     cuda_graphs: int

@@ -226,6 +226,7 @@ def hello(engine: ASREngine) -> Hello:
         default_lookahead=info.default_lookahead,
         bulk_lookahead=info.bulk_lookahead,
         chunk_seconds=list(info.chunk_seconds.items()),
+        ready_samples=[(mode, first, more) for mode, (first, more) in info.ready_samples.items()],
         precision=info.precision,
         start_seconds=info.start_seconds,
         cuda_graphs=info.cuda_graphs,
