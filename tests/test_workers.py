@@ -9,7 +9,10 @@ import os
 import re
 import signal
 import socket
+import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 
 import numpy as np
@@ -39,8 +42,10 @@ from helpers import (
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import client as engine_client
 from parakeet_stream.engine.inbox import Inbox
-from parakeet_stream.engine.messages import HEADER, Audio, Framer, FromEngine, Open, Opened
-from parakeet_stream.engine.service import packets
+from parakeet_stream.engine.client import EngineClient
+from parakeet_stream.engine.errors import EngineError
+from parakeet_stream.engine.messages import HEADER, Answer, Ask, Audio, Framer, FromEngine, Open, Opened, ToEngine
+from parakeet_stream.engine.service import hello, packets
 from parakeet_stream.server.cli import build_parser
 from parakeet_stream.server.operations.workers import default_workers
 
@@ -285,6 +290,54 @@ def test_a_stream_s_audio_is_held_only_while_it_makes_no_chunk_ready(engine):
         if (rest := held.rest()) is not None:  # at the final
             behind.add(rest)
         assert behind.samples_in == direct.samples_in and held.rest() is None
+
+
+def test_a_worker_whose_engine_stops_reading_waits_with_a_bounded_queue(engine, monkeypatch):
+    """The engine client sends from a thread of its own; if the engine process stops reading, the
+    audio queued for it stays bounded and push_audio waits (as a blocking send did), until the
+    engine is gone: then nothing waits any more."""
+    monkeypatch.setattr(engine_client, "QUEUE_BYTES", 1 << 16)
+    answers = {"stats": {}, "totals": {"steps": 0, "chunks": 0, "seconds": {}}, "latency": {}, "healthy": True}
+    with socket.socket(socket.AF_UNIX) as listener, tempfile.TemporaryDirectory() as folder:
+        listener.bind(f"{folder}/engine.sock")
+        listener.listen()
+        opened = threading.Event()
+
+        def stalled_engine():  # says hello, answers the client's first questions and its Open, then reads no more
+            sock, _ = listener.accept()
+            framer = Framer(ToEngine)
+            sock.sendall(framer.frame(hello(engine)))
+            while not opened.is_set():
+                for message in framer.receive(sock) or []:
+                    if isinstance(message, Ask):
+                        sock.sendall(framer.frame(Answer(message.ref, answers[message.what])))
+                    elif isinstance(message, Open):
+                        sock.sendall(framer.frame(Opened(message.ref, 1, 0)))
+                        opened.set()
+            return sock
+
+        with ThreadPoolExecutor(2) as pool:
+            engine_side = pool.submit(stalled_engine)
+            client = EngineClient.connect(f"{folder}/engine.sock")
+            sid = client.create_stream()
+            packet = np.zeros(1 << 18, np.float32)  # 1 MiB
+
+            def push_until_failed() -> int:
+                for pushed in range(64):
+                    try:
+                        client.push_audio(sid, packet)
+                    except EngineError as exc:
+                        assert exc.code == "inference_error"
+                        return pushed
+                return 64
+
+            pushing = pool.submit(push_until_failed)
+            time.sleep(2.0)
+            assert not pushing.done()  # waiting: the kernel's buffers and the queue are full
+            assert client._queued <= engine_client.QUEUE_BYTES + packet.nbytes
+            engine_side.result().close()  # the engine process goes away
+            assert pushing.result(timeout=10) < 64  # the waiting push returned, the next ones failed
+            assert client.collect(sid)[-1].error == "inference_error"
 
 
 def test_audio_messages_keep_to_their_size_bound_and_a_larger_packet_goes_alone(monkeypatch):

@@ -49,6 +49,10 @@ FIGURES = ("stats", "totals", "latency", "healthy")
 # and hand-offs of the interpreter lock cost it more than the push itself.
 COALESCE_SECONDS = 0.002
 AUDIO_BYTES = 4 << 20
+# audio queued and not sent past which push_audio waits for the sending thread: an engine process
+# that stops reading holds a worker's audio in the socket's buffer and this much, not in ever more
+# memory (and the worker's doors slow down with it, as with a blocking send)
+QUEUE_BYTES = 16 << 20
 
 
 class _Held:
@@ -99,7 +103,10 @@ class EngineClient:
         self._refs = itertools.count(1)
         self._alive = True
         self._outgoing: list = []  # messages, and (sid, samples) for audio, in the order sent
-        self._out_cv = threading.Condition()
+        self._queued = 0  # bytes of audio in it
+        out_lock = threading.Lock()
+        self._out_cv = threading.Condition(out_lock)  # something to send
+        self._sent = threading.Condition(out_lock)  # the queue was taken
         self.on_lost = on_lost
         self.info = _info(self._read_hello())
         self._figures = {what: None for what in FIGURES}
@@ -232,6 +239,10 @@ class EngineClient:
         with self._out_cv:
             self._outgoing.append(message)
             self._out_cv.notify()
+            if isinstance(message, tuple):
+                self._queued += message[1].nbytes
+                while self._queued > QUEUE_BYTES and self._alive:
+                    self._sent.wait()
 
     def _write(self) -> None:
         sent = 0.0
@@ -244,7 +255,8 @@ class EngineClient:
             if (delay := sent + COALESCE_SECONDS - time.monotonic()) > 0:
                 time.sleep(delay)
             with self._out_cv:
-                queued, self._outgoing = self._outgoing, []
+                queued, self._outgoing, self._queued = self._outgoing, [], 0
+                self._sent.notify_all()
             try:
                 self._sock.sendall(b"".join(self._frames(queued)))
             except OSError:
@@ -305,6 +317,7 @@ class EngineClient:
         self._alive = False
         with self._out_cv:
             self._out_cv.notify()
+            self._sent.notify_all()
         with self._lock:
             streams, asked = dict(self._streams), list(self._asked.values())
         for done, _ in asked:
