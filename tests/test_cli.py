@@ -92,8 +92,27 @@ def test_configuration_dump_shows_the_lookahead_in_use(tiny_model_dir, eou_model
     try:
         left, right = eou_model.cfg.default_lookahead
         assert f"  lookahead = {left},{right}\n" in server.config_lines
+        modes = " ".join(f"{a},{b}" for a, b in eou_model.cfg.encoder.att_context_sizes)  # every mode: none chosen
+        assert f"  lookahead_modes = {modes}\n" in server.config_lines
     finally:
         server.close()
+
+
+def test_served_lookahead_modes_from_the_flag_or_its_variable_and_a_bad_one_in_one_line(monkeypatch, capsys,
+                                                                                        tiny_model_dir):
+    assert build_parser().parse_args(["--lookahead-modes", "70,1 70,13"]).lookahead_modes == ((70, 1), (70, 13))
+    monkeypatch.setenv("PARAKEET_LOOKAHEAD_MODES", "70,6")
+    assert build_parser().parse_args([]).lookahead_modes == ((70, 6),)
+    for bad in ("70", "", "70,1 x"):
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args(["--lookahead-modes", bad])
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].startswith("parakeet-serve: error: argument --lookahead-modes:")
+    monkeypatch.delenv("PARAKEET_LOOKAHEAD_MODES")
+    result = run("parakeet_stream.server.cli", "--model", str(tiny_model_dir), "--lookahead-modes", "70,5",
+                 "--dtype", "float32", "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0")
+    assert result.returncode == 2
+    assert one_line(result.stderr).startswith("parakeet-serve: error: lookahead 70,5 is not one of this model's modes")
 
 
 def test_slots_default_to_what_memory_holds_on_a_gpu_and_to_64_on_a_cpu(tiny_model_dir):

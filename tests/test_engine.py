@@ -98,6 +98,34 @@ def test_bulk_streams_take_the_longest_lookahead_unless_told(nemotron_model, wav
         assert [tokens_of(collect_until_final(engine, sid)) for sid in sids] == solo
 
 
+def test_a_server_of_chosen_modes_has_static_batches_for_those_only_and_refuses_the_others(nemotron_model, wavs):
+    """`modes` (--lookahead-modes): graphs for the modes served only (the start-up's largest part),
+    the default among them, files in the longest of them, any other mode refused by name; a served
+    mode's tokens the same as with every mode served."""
+    audio = varied_audios(wavs, 1)[0]
+    with ASREngine(nemotron_model, max_num_streams=2, cuda_graphs=True) as every:
+        assert set(every.runner.encoders) == set(nemotron_model.cfg.encoder.att_context_sizes)
+        want = {mode: tokens_of(run_stream(every, audio, mode)) for mode in ((70, 1), (70, 6))}
+    with ASREngine(nemotron_model, max_num_streams=2, cuda_graphs=True, modes=[(70, 6), (70, 1), (70, 6)]) as chosen:
+        assert chosen.info.lookahead_modes == ((70, 6), (70, 1))
+        assert set(chosen.runner.encoders) == set(chosen.runner.decoders) == set(chosen.runner.pre_encoders) \
+            == {(70, 6), (70, 1)}
+        # the model's default (70,13) not served: the first served; files: the longest served
+        assert chosen.info.default_lookahead == (70, 6) and chosen.info.bulk_lookahead == (70, 6)
+        assert {mode: tokens_of(run_stream(chosen, audio, mode)) for mode in want} == want
+        with pytest.raises(EngineError) as err:
+            chosen.create_stream((70, 13))
+        assert err.value.code == "bad_lookahead" and "not served here (served: 70,6, 70,1)" in err.value.message
+    with ASREngine(nemotron_model, max_num_streams=2, modes=[(70, 1), (70, 13)]) as two:  # the model's default served
+        assert two.info.default_lookahead == (70, 13)
+    for bad in ([(70, 5)], []):
+        with pytest.raises(EngineError) as err:
+            ASREngine(nemotron_model, max_num_streams=2, modes=bad)
+        assert err.value.code == "bad_lookahead"
+    with pytest.raises(EngineError, match="not served here"):
+        ASREngine(nemotron_model, max_num_streams=2, modes=[(70, 1)], lookahead=(70, 13))
+
+
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20

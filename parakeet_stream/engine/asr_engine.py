@@ -9,7 +9,7 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -59,12 +59,14 @@ class ASREngine:
         threads: int | None = None,
         cuda_graphs: bool | None = None,
         auto_limit: int | None = None,
+        modes: Iterable[Lookahead] | None = None,
     ):
         """max_batch: most streams per step (default: every slot on CPU; sized to memory on CUDA,
         memory.py); latency_target: seconds, p95 from a chunk's last sample to its result taken
         (latency.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA);
         auto_limit: with max_num_streams "auto", at most this many slots (the server's bound: what its
-        connections may take of the host's memory)."""
+        connections may take of the host's memory); modes: the lookahead modes served (default: every
+        mode of the model; graphs are captured for these only, and streams may ask for no other)."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
         started = time.monotonic()
@@ -77,7 +79,9 @@ class ASREngine:
         self.model = set_precision(model, dtype, quantize)
         lap("precision")
         self.device = model.features.fb.device  # with its index: what CUDA calls need ("cuda" -> "cuda:0")
-        self.default_lookahead = self._check_lookahead(lookahead or model.cfg.default_lookahead)
+        self.lookahead_modes = self._served(modes)
+        self.default_lookahead = self._check_lookahead(lookahead or next(
+            (mode for mode in (model.cfg.default_lookahead, *self.lookahead_modes) if mode in self.lookahead_modes)))
         self.languages = Languages(tuple(model.cfg.prompt.languages) if model.cfg.prompt else ())
         most = min(auto_limit or MAX_SLOTS, MAX_SLOTS)
         if self.device.type == "cuda":
@@ -91,7 +95,7 @@ class ASREngine:
                                    max_in_flight=DEPTH, lead=self._first_chunk_seconds(model))
         lap("memory")
         self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch, cuda_graphs,
-                                  self.default_lookahead)
+                                  self.default_lookahead, self.lookahead_modes)
         lap("pools")
         self.runner.capture()  # before the stage threads run: a capture must not overlap their work
         lap("capture")
@@ -147,20 +151,31 @@ class ASREngine:
         self.shutdown()
 
     # --- model facts ------------------------------------------------------------------------
-    @property
-    def lookahead_modes(self) -> list[Lookahead]:
-        return list(self.model.cfg.encoder.att_context_sizes)
-
     def chunk_seconds(self, lookahead: Lookahead | None = None) -> float:
         spec = self.model.encoder.chunk_spec(self._check_lookahead(lookahead or self.default_lookahead))
         return spec.chunk_frames * self.model.cfg.features.hop_length / self.sample_rate
 
     def _first_chunk_seconds(self, model: ParakeetModel) -> float:
         """Audio a new stream sends before its first chunk is ready, in its quickest mode."""
-        first = min(model.encoder.chunk_spec(mode).first_frames for mode in model.cfg.encoder.att_context_sizes)
+        first = min(model.encoder.chunk_spec(mode).first_frames for mode in self.lookahead_modes)
         return (first - 1) * model.cfg.features.hop_length / self.sample_rate
 
+    def _served(self, modes: Iterable[Lookahead] | None) -> list[Lookahead]:
+        if modes is None:
+            return list(self.model.cfg.encoder.att_context_sizes)
+        served = list(dict.fromkeys(self._model_mode(mode) for mode in modes))
+        if not served:
+            raise EngineError("bad_lookahead", "no lookahead mode to serve")
+        return served
+
     def _check_lookahead(self, lookahead) -> Lookahead:
+        mode = self._model_mode(lookahead)
+        if mode not in self.lookahead_modes:
+            raise EngineError("bad_lookahead", f"lookahead {mode[0]},{mode[1]} is not served here "
+                                               f"(served: {', '.join(f'{a},{b}' for a, b in self.lookahead_modes)})")
+        return mode
+
+    def _model_mode(self, lookahead) -> Lookahead:
         try:
             return self.model.encoder.check_lookahead(lookahead)
         except (ValueError, TypeError, IndexError) as exc:

@@ -48,12 +48,14 @@ STAGES = ["pre-encode", "encode", "decode"]
 
 class ModelRunner:
     def __init__(self, model: ParakeetModel, slots: int, max_batch: int, graphs: bool | None = None,
-                 main_mode: Lookahead | None = None):
+                 main_mode: Lookahead | None = None, modes: list[Lookahead] | None = None):
         """graphs: replay the encoder and the decoder from static batches (default: on CUDA, as CUDA
         graphs; True on CPU runs their eager stand-in, to test the bookkeeping); main_mode: the
-        lookahead most streams use (the server's default), whose batches get the finest sizes."""
+        lookahead most streams use (the server's default), whose batches get the finest sizes;
+        modes: those served, the only ones with static batches (default: every mode of the model)."""
         self.model = model
         self.main_mode = main_mode or model.cfg.default_lookahead
+        self.modes = modes or list(model.cfg.encoder.att_context_sizes)
         self.device = model.features.fb.device
         self.slots, self.max_batch = slots, max_batch
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -306,7 +308,7 @@ class ModelRunner:
         # shape, 0.35 s each on an H200): powers of four.
         fine, coarse = graph_sizes(self.max_batch), graph_sizes(self.max_batch, dense=self.max_batch)
         quarter = [s for s in coarse if s.bit_length() % 2 == 1 or s == self.max_batch]
-        for mode in self.model.cfg.encoder.att_context_sizes:
+        for mode in self.modes:
             sizes = fine if mode == self.main_mode else coarse
             spec = self.model.encoder.chunk_spec(mode)
             frames = spec.out_frames

@@ -30,6 +30,10 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lookahead", "--att-context-size", type=_lookahead, default=None,
                     help="default lookahead mode L,R (attention context frames), e.g. 70,1 (default: the model's first; "
                          "for files, the longest)")
+    ap.add_argument("--lookahead-modes", type=_modes, default=None,
+                    help="the lookahead modes served, e.g. '70,1' or '70,1 70,13' (default: every mode of the model); "
+                         "CUDA graphs are captured for these only (one of `large`'s four modes: 79 of its 196 graphs, a shorter "
+                         "start-up), and a stream asking for another is refused")
     ap.add_argument("--latency-target", type=_seconds, default=DEFAULT_TARGET,
                     help=f"seconds, p95, from a chunk's last sample to its result reaching the client; steps are "
                          f"batched within what the rest of the path leaves (default {DEFAULT_TARGET:g}: a voice agent's "
@@ -39,7 +43,7 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
 def engine_options(args: argparse.Namespace) -> dict:
     """The parsed flags as ASREngine keyword arguments."""
     return {"dtype": args.dtype, "quantize": args.quantize, "threads": args.threads, "latency_target": args.latency_target,
-            "lookahead": args.lookahead}
+            "lookahead": args.lookahead, "modes": args.lookahead_modes}
 
 
 CPU_SLOTS = 64
@@ -82,6 +86,13 @@ def _seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be above 0 seconds, got {text!r}")
     return value
+
+
+def _modes(text: str) -> tuple[Lookahead, ...]:
+    modes = tuple(_lookahead(part) for part in text.replace(";", " ").split())
+    if not modes:
+        raise argparse.ArgumentTypeError(f"at least one mode L,R such as 70,1, got {text!r}")
+    return modes
 
 
 def _lookahead(text: str) -> Lookahead:

@@ -200,6 +200,8 @@ def print_config(args: argparse.Namespace, info: EngineInfo, slots: int) -> None
             value = f"{value} ({slots})" if value == "auto" else value
         elif name == "lookahead":  # the mode in use, the model's default unless given
             value = f"{info.default_lookahead[0]},{info.default_lookahead[1]}"
+        elif name == "lookahead_modes":  # those served: every mode of the model unless given
+            value = info.modes_text().replace(", ", " ")
         elif name == "workers" and value == "auto":
             value = f"auto ({default_workers(args.device)})"
         elif name == "dtype" and value == AUTO:  # what the check chose (its reason is in the log)
