@@ -15,12 +15,13 @@ the others, and every part after the capacity runs only while time is left:
    processes) at rising stream counts, stopping at the first level that fails and then bisecting
    once: finalization lag p50/p95, the server's chunk latency p95, steps, chunks per step, the
    server's CPU per chunk, GPU busy share, RSS and GPU memory; its start-up time and graph count;
-4. ceiling: pre-encode + encode + decode time of one eager step by batch size (160 ms mode); then
+4. start-up, one mode: the same server serving the 160 ms mode only (`--lookahead-modes`);
+5. ceiling: pre-encode + encode + decode time of one eager step by batch size (160 ms mode); then
    the beam-search decode of streams with 10 key phrases at the same sizes;
-5. invariance: (a) graphs vs eager tokens of the same streams, float32; (b) one stream's tokens
+6. invariance: (a) graphs vs eager tokens of the same streams, float32; (b) one stream's tokens
    alone vs among 15 and 255 others, float32 and bfloat16;
-6. tests: tests/test_cuda.py and the CUDA test of tests/test_precision.py;
-7. precision: agreement of float32 / bfloat16 / float16 on the GPU with CPU float32 (NeMo fixtures).
+7. tests: tests/test_cuda.py and the CUDA test of tests/test_precision.py;
+8. precision: agreement of float32 / bfloat16 / float16 on the GPU with CPU float32 (NeMo fixtures).
 """
 
 from __future__ import annotations
@@ -140,10 +141,11 @@ def write_wav(path: Path, seconds: float) -> Path:
 class Server:
     """parakeet-serve in a process of its own, on free loopback ports; its start-up timed to the ready line."""
 
-    def __init__(self, model: Path, settings: dict, log: Path):
+    def __init__(self, model: Path, settings: dict, log: Path, *extra: str):
         cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", str(model), "--device", settings["device"],
                "--dtype", settings["dtype"], "--lookahead", settings["lookahead"], "--max-num-streams", settings["slots"],
-               "--workers", settings["workers"], "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "off"]
+               "--workers", settings["workers"], "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "off",
+               *extra]
         start = time.monotonic()
         self.log = open(log, "w")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
@@ -536,6 +538,7 @@ def run_parts(report: Report, settings: dict, work: Path) -> None:
     serve(report, folder, settings, work)
     print(verdict(report.parts), flush=True)
     for name, needs, figures in (
+        ("start-up, one mode", 45, lambda: one_mode_start(folder, settings, report.out)),
         ("ceiling", 30, lambda: ceiling(folder, settings)),
         ("beam ceiling", 20, lambda: beam_ceiling(folder, settings)),
         ("graphs vs eager", 60, lambda: graphs_vs_eager(folder, settings)),
@@ -546,6 +549,16 @@ def run_parts(report: Report, settings: dict, work: Path) -> None:
     ):
         report.part(name, figures, needs=needs)
         _free(device)
+
+
+def one_mode_start(model: Path, settings: dict, out: Path) -> dict:
+    """The server's start-up serving the 160 ms mode only (`--lookahead-modes`): its graphs alone."""
+    server = Server(model, settings, out.parent / f"{out.name}-one-mode.log", "--lookahead-modes", settings["lookahead"])
+    try:
+        health = server.health()
+        return {"ready_seconds": round(server.ready_seconds, 1), "engine_start": health.get("start")}
+    finally:
+        server.close()
 
 
 def precision(settings: dict, device: str) -> dict:
@@ -587,11 +600,13 @@ def write(parts: dict, out: Path, dry_run: bool) -> None:
 
 def markdown(parts: dict) -> str:
     m, start = parts.get("machine", {}), parts.get("server start", {})
+    one = parts.get("start-up, one mode", {})
     lines = [f"GPU check: {m.get('gpu', m.get('device'))}, {m.get('memory_gib', '-')} GiB, torch {m.get('torch')} "
              f"(CUDA {m.get('cuda')}); model "
              f"{parts.get('model', {}).get('model')}; server ready in {start.get('ready_seconds')} s "
              f"(engine {start.get('engine_start')}), slots {start.get('slots')}, worker processes "
-             f"{start.get('workers')}", "", verdict(parts), "",
+             f"{start.get('workers')}; serving one mode, ready in {one.get('ready_seconds')} s "
+             f"(engine {one.get('engine_start')})", "", verdict(parts), "",
              "| streams | held | lag p50 / p95 (ms) | chunk p95 (ms) | steps | chunks per step | ms per step "
              "| engine process CPU per chunk (us) | workers' CPU (s) | GPU busy | RSS (MiB) | GPU memory (GiB) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

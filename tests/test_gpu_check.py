@@ -47,6 +47,7 @@ def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
     assert "| streams | held | lag p50 / p95 (ms) |" in table and verdict[-1] in table
     assert "engine ready in" in (tmp_path / "check-server.log").read_text()  # the server's log beside the report
     assert list(start["engine_start"]["phases"]) == ["load", "precision", "memory", "pools", "capture"]
+    assert parts["start-up, one mode"]["ready_seconds"] > 0 and "serving one mode, ready in" in table
 
 
 def test_py_spy_files_are_bundled_into_one(tmp_path, monkeypatch):
