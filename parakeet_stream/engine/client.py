@@ -96,7 +96,6 @@ class EngineClient:
         """`sock`: connected to an EngineService; the engine's Hello is read here."""
         self._sock = sock
         self._framer = Framer(FromEngine)
-        self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._streams: dict[int, _Stream] = {}
         self._asked: dict[int, tuple[threading.Event, list]] = {}

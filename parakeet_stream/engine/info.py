@@ -18,7 +18,8 @@ class EngineInfo:
     default_lookahead: Lookahead
     bulk_lookahead: Lookahead  # what a bulk stream (a file) takes unless told: the longest (policy.py)
     chunk_seconds: dict[Lookahead, float]  # audio per encoder step in each mode
-    ready_samples: dict[Lookahead, tuple[int, int]]  # a stream's samples that make its first chunk ready, then each one more (Inbox.readiness)
+    # a stream's samples that make its first chunk ready, then those each later one adds (Inbox.readiness)
+    ready_samples: dict[Lookahead, tuple[int, int]]
     precision: PrecisionChoice  # the encoder's precision, and why (--dtype auto: the measured check)
     start_seconds: float  # from the engine's construction to ready: loading, precision check, graph capture
     cuda_graphs: int  # graphs captured at start-up (0: none, eager)

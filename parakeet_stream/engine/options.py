@@ -31,9 +31,9 @@ def add_engine_arguments(ap: argparse.ArgumentParser) -> None:
                     help="default lookahead mode L,R (attention context frames), e.g. 70,1 (default: the model's first; "
                          "for files, the longest)")
     ap.add_argument("--lookahead-modes", type=_modes, default=None,
-                    help="the lookahead modes served, e.g. '70,1' or '70,1 70,13' (default: every mode of the model); "
-                         "CUDA graphs are captured for these only (one of `large`'s four modes: 79 of its 196 graphs, a shorter "
-                         "start-up), and a stream asking for another is refused")
+                    help="the lookahead modes served, e.g. '70,1' or '70,1 70,13' (default: every mode of the "
+                         "model); CUDA graphs are captured for these only (one of `large`'s four modes: 79 of its 196 "
+                         "graphs, a shorter start-up), and a stream asking for another is refused")
     ap.add_argument("--latency-target", type=_seconds, default=DEFAULT_TARGET,
                     help=f"seconds, p95, from a chunk's last sample to its result reaching the client; steps are "
                          f"batched within what the rest of the path leaves (default {DEFAULT_TARGET:g}: a voice agent's "

@@ -3,8 +3,9 @@ server's worker processes, client.py) over a Unix socket, in the messages of mes
 
 Each client gets two threads: one reads its messages and calls the engine (the only work the
 engine's interpreter does for the audio: a message of many streams' packets decoded, its samples
-checked and viewed, each packet pushed), one sends what the engine has for its streams. Engine listeners only mark a stream as changed; the
-sending thread collects every changed stream's results and queue position at once, in one write.
+checked and viewed, each packet pushed), one sends what the engine has for its streams. Engine
+listeners only mark a stream as changed; the sending thread collects every changed stream's
+results and queue position at once, in one write.
 A client that goes away (its process died) has its streams cancelled: their slots go to others.
 """
 
