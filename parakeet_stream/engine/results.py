@@ -141,7 +141,7 @@ class Outbox:
     def __init__(self) -> None:
         self._results: deque[StreamResult] = deque()
         self._since: float | None = None  # when the oldest result waiting was published
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: tuple[Callable[[], None], ...] = ()  # replaced, never changed: read without the lock
         self._lock = threading.Lock()
 
     def publish(self, result: StreamResult, notify: bool = True) -> None:
@@ -172,7 +172,7 @@ class Outbox:
         with self._lock:
             if unless_waiting and self._results:
                 return False
-            self._listeners.append(callback)
+            self._listeners += (callback,)
             return True
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -187,10 +187,10 @@ class Outbox:
 
     def unlisten(self, callback: Callable[[], None]) -> None:
         with self._lock:
-            self._listeners.remove(callback)
+            listeners = list(self._listeners)
+            listeners.remove(callback)
+            self._listeners = tuple(listeners)
 
     def notify(self) -> None:
-        with self._lock:
-            listeners = list(self._listeners)
-        for fn in listeners:
+        for fn in self._listeners:
             fn()
