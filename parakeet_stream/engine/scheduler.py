@@ -134,6 +134,8 @@ class Scheduler:
             return False
 
     def position(self, seq: Sequence) -> int:
+        if seq.status is not Status.WAITING:  # admitted or over: without the lock (no stream goes back to waiting)
+            return 0
         with self._cv:
             return self.waiting.index(seq) + 1 if seq.status is Status.WAITING and seq in self.waiting else 0
 
