@@ -97,6 +97,13 @@ def test_the_host_benchmark_refuses_a_bad_device_time_in_one_line():
         assert out.returncode == 2 and "--device-ms:" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def test_the_host_benchmark_refuses_bad_packet_sizes_in_one_line():
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
+    for bad in ("x", "20", "0,5", "160,20"):
+        out = subprocess.run([sys.executable, str(script), "--packet-ms", bad], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "--packet-ms:" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_the_host_benchmark_refuses_a_count_below_one_in_one_line():
     script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
     for args in (["--lockstep", "0"], ["--lockstep", "-3"], ["--lockstep", "x"], ["--streams", "0"]):

@@ -223,6 +223,7 @@ def test_the_engine_service_refuses_a_bad_message_and_drops_only_a_client_that_s
             careless.sendall(framer.frame(Audio([10**6], [0], b"abc")))  # 3 bytes: no float32 samples
             careless.sendall(framer.frame(Audio([1, 2], [3], bytes(12))))  # one size for two streams
             careless.sendall(framer.frame(Audio([1], [2], bytes(12))))  # 3 samples, 2 announced
+            careless.sendall(framer.frame(Audio([1, 2], [5, -2], bytes(12))))  # a negative size, the sum right
             careless.sendall(framer.frame(Open(1, None, False, [])))
             assert any(isinstance(m, Opened) and m.ref == 1 for m in _messages(careless, framer, Opened))
             broken.connect(path)
