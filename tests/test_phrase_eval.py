@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -169,3 +170,24 @@ def test_param_sets_a_decoder_knob_and_refuses_unknown_names(monkeypatch):
     for bad in ("phrases.NO_SUCH_KNOB=1", "nowhere.TEST_KNOB=1", "TEST_KNOB=1", "phrases.TEST_KNOB", "os.sep=1"):
         with pytest.raises(ValueError):
             pe.set_params([bad])
+
+
+def test_the_best_bound_keeps_the_most_said_phrases_within_the_insertion_limit():
+    def row(id_, phrase, spoken, mean):
+        return {"id": id_, "split": "tune", "phrase": phrase, "spoken": spoken, "mean": mean}
+
+    found = [row("a", "Oksana", True, -1.0), row("a", "Oksana", True, -6.0),  # one sentence, two finds: its best counts
+             row("b", "Peloton", True, -2.0), row("c", "Spotify", False, -2.5), row("d", "Shopify", False, -3.0),
+             row("e", "Winnipeg", False, -3.5), row("f", "Ferreira", True, -4.0)]
+    figures = pe.best_bound(found, spoken=5, most_inserted=2)
+    assert (figures["found"], figures["inserted"]) == (0.6, 3)  # 3 of 5 said phrases found at all, 3 unsaid
+    assert figures["best_bound"] == {"bound": -3.0, "recall": 0.4, "inserted": 2}  # -4.0 would let in a third
+    assert pe.best_bound(found, spoken=5, most_inserted=0)["best_bound"] == {"bound": -2.0, "recall": 0.4, "inserted": 0}
+    assert pe.best_bound(found, spoken=5, most_inserted=3)["best_bound"] == {"bound": -4.0, "recall": 0.6, "inserted": 3}
+    assert pe.best_bound([], spoken=5)["best_bound"] == {"bound": None, "recall": 0.0, "inserted": 0}
+
+
+def test_transcripts_are_folded_to_the_sets_words_before_scoring():
+    results = [SimpleNamespace(text=" Priya Raghunathan called."), SimpleNamespace(text=" Zoë's São Paulo trip!")]
+    assert pe.text_of(results) == "priya raghunathan called zoe's sao paulo trip"
+    assert pe.contains(pe.text_of(results), "Priya Raghunathan") == 1
