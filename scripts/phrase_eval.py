@@ -219,9 +219,7 @@ def audio_of(sentence: dict) -> np.ndarray:
 
 def transcribe(engine: ASREngine, audios: list[np.ndarray], lists: list[tuple]) -> list[list]:
     """Every audio as its own stream boosting its own checked phrases, 16 streams at a time: each
-    stream's results."""
-    from helpers import collect_until_final
-
+    stream's results, collected as they come (each step's its own: see commit_delays)."""
     out = []
     for start in range(0, len(audios), 16):
         batch = range(start, min(start + 16, len(audios)))
@@ -229,8 +227,30 @@ def transcribe(engine: ASREngine, audios: list[np.ndarray], lists: list[tuple]) 
         for sid, k in zip(sids, batch):
             engine.push_audio(sid, audios[k])
             engine.finalize(sid)
-        out += [collect_until_final(engine, sid) for sid in sids]
+        results: dict[int, list] = {sid: [] for sid in sids}
+        open_ = set(sids)
+        while open_:
+            engine.wait_for_update(next(iter(open_)), timeout=0.005)
+            for sid in list(open_):
+                results[sid] += engine.collect(sid)
+                if results[sid] and results[sid][-1].is_final:
+                    open_.discard(sid)
+        out += [results[sid] for sid in sids]
     return out
+
+
+def commit_delays(results: list[list]) -> list[float]:
+    """Seconds of audio between each label's frame and the end of the audio decoded when the label
+    was sent (its result's `audio_seconds`), over the results before a stream's final one (what the
+    final result holds was sent because the stream ended, not because it was agreed)."""
+    return [r.audio_seconds - t for res in results for r in res if not r.is_final for t in r.token_times]
+
+
+def percentiles(values: list[float]) -> dict:
+    """p50 and p90 of `values` (seconds, rounded to ms); None where there is none."""
+    if not values:
+        return {"p50": None, "p90": None}
+    return {f"p{q}": round(float(np.percentile(values, q)), 3) for q in (50, 90)}
 
 
 def text_of(results: list) -> str:
@@ -355,13 +375,15 @@ def cost_phrases() -> list[str]:
 def table(figures: dict) -> str:
     """One half's passes as a markdown table."""
     kinds = list(PHRASES)
-    head = ["pass", "recall", *kinds, "inserted", "runaway", "fragments", "WER other words", "WER controls"]
+    head = ["pass", "recall", *kinds, "inserted", "runaway", "fragments", "WER other words", "WER controls",
+            "text sent after its audio, p50 / p90"]
     rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name, f in figures.items():
         cells = [name, f"{f['recall']:.2f} ({f['found']}/{f['spoken']})",
                  *(f"{f['recall_by_kind'][k]:.2f}" for k in kinds),
                  str(f["inserted"]), str(f["runaway"]), str(f["fragments"]),
-                 f"{f['wer_other_words']:.3f}", f"{f['wer_controls']:.3f}"]
+                 f"{f['wer_other_words']:.3f}", f"{f['wer_controls']:.3f}",
+                 "{p50} / {p90} s".format(**f["commit_delay_s"])]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -392,12 +414,13 @@ def evaluate(args, params: dict) -> dict:
     audios = [audio_of(s) for s in sentences]
     report = {"model": args.model, "params": params, "sentences": sentences,
               "audio_seconds": round(time.perf_counter() - started, 1)}
-    hyps = {}
+    hyps, delays = {}, {}
     with ASREngine(args.model, max_num_streams=16, threads=1) as engine:
         for name, weight in PASSES.items():
             lists = [check_phrases([(p, weight) for p in s["listed"]]) if weight else () for s in sentences]
             results = transcribe(engine, audios, lists)
             hyps[name] = [text_of(r) for r in results]
+            delays[name] = [commit_delays([results[k]]) for k in range(len(sentences))]
             if args.evidence and name == "weight 1":
                 report["evidence"] = evidence(engine, sentences, results)
     report["decode_seconds"] = round(time.perf_counter() - started - report["audio_seconds"], 1)
@@ -411,6 +434,8 @@ def evaluate(args, params: dict) -> dict:
         half = [sentences[k] for k in picked]
         half_hyps = {name: [hyps[name][k] for k in picked] for name in PASSES}
         figures = {name: score(half, half_hyps[name]) for name in PASSES}
+        for name in PASSES:
+            figures[name]["commit_delay_s"] = percentiles([d for k in picked for d in delays[name][k]])
         report["figures"][split], report["targets"][split] = figures, check_targets(figures)
         n_phrases = len({p for s in half for p in s["phrases"]})
         print(f"\n## {split}: {len(half)} sentences ({n_phrases} phrases, "

@@ -115,3 +115,16 @@ def test_a_hypothesis_far_behind_with_and_without_its_loans_does_not_hold_text_b
     commits.start(1, True)
     loan = commits.take(1, packed([([1, 2], 0, -1.0, 0.0), ([1, 5], 0, 0.0, -8.0), ([], 0, -9.0, -9.0)]), 2)  # on loan
     assert [label for label, _, _ in loan.labels] == [1] and loan.drop == [2]  # [1 5] ahead by its score: it counts
+
+
+def test_the_best_hypothesis_ending_its_utterance_commits_it_at_once():
+    commits = BeamCommits(2, max_lag_frames=10, eou=9)
+    commits.start(0, True)
+    ended = commits.take(0, packed([([1, 9], 0, 0.0, 0.0), ([2, 9], 0, -1.0, -1.0)]), 2)
+    assert [label for label, _, _ in ended.labels] == [1, 9] and ended.drop == [1]
+    commits.start(1, True)  # another hypothesis's <EOU> settles nothing
+    open_ = commits.take(1, packed([([1], 0, 0.0, 0.0), ([2, 9], 0, -1.0, -1.0)]), 2)
+    assert open_.labels == [] and open_.drop == []
+    without = BeamCommits(2, max_lag_frames=10)  # a model without <EOU>: label 9 is a label like any
+    without.start(0, True)
+    assert without.take(0, packed([([1, 9], 0, 0.0, 0.0), ([2, 9], 0, -1.0, -1.0)]), 2).labels == []

@@ -10,6 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import collect_until_final, tokens_of
 from test_demo_model import DEMO, synth
@@ -108,3 +109,23 @@ def test_a_mixed_step_gives_each_stream_its_tokens_eagerly_and_through_static_ba
     assert eager == alone == static
     assert all(eager[k] == plain[k] for k in range(1, len(sounds), 2))  # no phrases: as without boosting
     assert any(eager[k] != plain[k] for k in range(0, len(sounds), 2))
+
+
+def test_a_stream_with_phrases_ends_its_utterances_when_the_model_says_so(audios):
+    """A live stream goes on after the speaker stops (silence here): its utterance end comes when
+    the model writes <EOU>, within a chunk of the same stream without phrases, not a commit lag later."""
+    _, sounds = audios
+    silence = np.zeros(24000, np.float32)
+    live = [np.concatenate([sound, silence]) for sound in sounds]
+    phrases = all_phrases()
+
+    def ends(run):
+        return [next(r.audio_seconds for r in results if r.utterance_end) for results in run]
+
+    with ASREngine("demo", max_num_streams=8) as engine:
+        plain, boosted = ends(run_all(engine, live, lambda k: ())), ends(run_all(engine, live, lambda k: phrases))
+    chunk = engine.chunk_seconds()
+    late = [b - p for p, b in zip(plain, boosted)]
+    print("utterance ends, seconds later with phrases:", late)
+    assert all(b < len(s) / 16000 - 0.5 for b, s in zip(boosted, live))  # before the stream's end
+    assert max(late) <= chunk + 1e-6

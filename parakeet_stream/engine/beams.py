@@ -7,7 +7,10 @@ does not, and leaves the beam if it disagrees), and then it is the stream's for 
 disagree longer, a label older than `max_lag_frames` is committed from the best hypothesis by its
 final score (what it would score if the stream ended now: a partial phrase match's loan given back,
 so a hypothesis that stalls inside a name to keep its loan does not win) and the hypotheses that
-disagree with it leave the beam (`BeamPool.drop`), so text is never later than that.
+disagree with it leave the beam (`BeamPool.drop`), so text is never later than that. Where that
+hypothesis has written the model's end of utterance (`<EOU>`), everything up to it is committed at
+once, the same way: an utterance's text and its end must reach a voice agent when the model says
+the speaker is done, as the greedy decoder's do, not a lag later.
 At the stream's end the best hypothesis by its final score (partial phrase matches given back)
 gives the rest.
 """
@@ -39,10 +42,11 @@ class Committed:
 
 
 class BeamCommits:
-    def __init__(self, beam: int, max_lag_frames: int, margin: float = float("inf")):
+    def __init__(self, beam: int, max_lag_frames: int, margin: float = float("inf"), eou: int | None = None):
         """margin: a hypothesis this far below the best, by its score and by its final score alike,
-        has no say in what is agreed (and leaves the beam where it disagrees with what is committed)."""
-        self.beam, self.max_lag, self.margin = beam, max_lag_frames, margin
+        has no say in what is agreed (and leaves the beam where it disagrees with what is committed);
+        eou: the end-of-utterance label (None: the model has none)."""
+        self.beam, self.max_lag, self.margin, self.eou = beam, max_lag_frames, margin, eou
         self.streams: dict[int, Written] = {}
 
     def start(self, slot: int, beams: bool) -> None:
@@ -77,7 +81,8 @@ class BeamCommits:
         agreed = _common_prefix([beams[k] for k in contenders])
         late = base + frames - self.max_lag
         forced = next((i for i, (_, f, _) in enumerate(beams[best]) if f >= late), len(beams[best]))
-        n = max(agreed, forced)
+        ended = max((i + 1 for i, (lab, _, _) in enumerate(beams[best]) if lab == self.eou), default=0)
+        n = max(agreed, forced, ended)
         head = [lab for lab, _, _ in beams[best][:n]]
         drop = [k for k in live if [lab for lab, _, _ in beams[k][:n]] != head]
         for k in drop:

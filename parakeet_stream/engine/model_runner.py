@@ -62,7 +62,7 @@ class ModelRunner:
         self.eou = model.tokenizer.eou_id if model.tokenizer is not None else None
         self.cache, self.decoder_state, self.boost, self.beams = self.allocate_pools(slots)
         self.commits = BeamCommits(phrases.BEAM, max(1, round(phrases.MAX_LAG_SECONDS / model.frame_seconds)),
-                                   phrases.COMMIT_MARGIN)
+                                   phrases.COMMIT_MARGIN, self.eou)
         self.prompts = self._prompt_pool(slots)
         self.fronts = chunker.FrontEnds(model.features, slots)
         self.streams = StageStreams(self.device, STAGES)
