@@ -261,37 +261,42 @@ def text_of(results: list) -> str:
 
 def evidence(engine: ASREngine, sentences: list[dict], results: list[list]) -> list[dict]:
     """Every listed phrase found in a transcript (by its tokens): the mean and lowest log-probability
-    the model gave its tokens, and whether the sentence said it (what an evidence bound sees)."""
+    the model gave its tokens, "need": the mean less phrases.PRIOR_SHARE of the tokens' mean prior
+    (the decoder's gate compares it with phrases.EVIDENCE), and whether the sentence said it."""
     found = []
+    model = engine.model
     for s, res in zip(sentences, results):
         ids = [t for r in res for t in r.token_ids]
         logp = [float(np.log(max(c, 1e-12))) for r in res for c in r.token_confidences]
         for phrase in s["listed"]:
-            tokens = engine.model.tokenizer.encode(as_written(Phrase(phrase), engine.model.tokenizer))
+            tokens = model.tokenizer.encode(as_written(Phrase(phrase), model.tokenizer))
+            prior = float(model.decoder.label_prior([tokens])[0].mean())
             for i in range(len(ids) - len(tokens) + 1):
                 if ids[i : i + len(tokens)] == tokens:
-                    part = logp[i : i + len(tokens)]
+                    mean = sum(logp[i : i + len(tokens)]) / len(tokens)
                     found.append({"id": s["id"], "split": s["split"], "phrase": phrase,
-                                  "spoken": phrase in s["phrases"], "tokens": len(tokens),
-                                  "mean": round(sum(part) / len(part), 2), "min": round(min(part), 2)})
+                                  "spoken": phrase in s["phrases"], "tokens": len(tokens), "mean": round(mean, 2),
+                                  "min": round(min(logp[i : i + len(tokens)]), 2),
+                                  "need": round(mean - phrases.PRIOR_SHARE * prior, 2)})
     return found
 
 
-def best_bound(found: list[dict], spoken: int, most_inserted: int = TARGETS["inserted_per_pass"]) -> dict:
-    """The most recall any bound on a found phrase's mean log-probability per token keeps, with at
-    most `most_inserted` phrases found where not said: what an evidence gate on these finds could
-    reach at best (the bound is fitted to the very finds it is scored on). `found`: evidence() rows
-    of one half; `spoken`: the phrases that half says. Each (sentence, phrase) counts once, at its
-    best mean."""
+def best_bound(found: list[dict], spoken: int, most_inserted: int = TARGETS["inserted_per_pass"],
+               field: str = "mean") -> dict:
+    """The most recall any bound on a found phrase's `field` (evidence(): "mean" log-probability per
+    token, or "need") keeps, with at most `most_inserted` phrases found where not said: what an
+    evidence gate on these finds could reach at best (the bound is fitted to the very finds it is
+    scored on). `found`: evidence() rows of one half; `spoken`: the phrases that half says. Each
+    (sentence, phrase) counts once, at its best."""
     best: dict[tuple, dict] = {}
     for row in found:
         key = (row["id"], row["phrase"])
-        if key not in best or row["mean"] > best[key]["mean"]:
+        if key not in best or row[field] > best[key][field]:
             best[key] = row
     kept = {"bound": None, "recall": 0.0, "inserted": 0}
-    for bound in sorted({row["mean"] for row in best.values()}, reverse=True):
-        said = sum(r["spoken"] for r in best.values() if r["mean"] >= bound)
-        unsaid = sum(not r["spoken"] for r in best.values() if r["mean"] >= bound)
+    for bound in sorted({row[field] for row in best.values()}, reverse=True):
+        said = sum(r["spoken"] for r in best.values() if r[field] >= bound)
+        unsaid = sum(not r["spoken"] for r in best.values() if r[field] >= bound)
         if unsaid > most_inserted:
             break
         kept = {"bound": bound, "recall": _ratio(said, spoken), "inserted": unsaid}
@@ -355,12 +360,12 @@ def encoded(engine: ASREngine, audios: list[np.ndarray]):
 
 def loaded_pool(model, count: int, rows: int = 16) -> BoostPool:
     """A CPU slot pool of `rows` streams, each boosting `count` of cost_phrases() (its own rotation of the list)."""
-    pool = BoostPool(rows, LIMITS, torch.device("cpu"), word_starts(model.tokenizer, model.decoder.blank + 1),
-                     phrases.EVIDENCE)
+    pool = BoostPool(rows, LIMITS, torch.device("cpu"), word_starts(model.tokenizer, model.decoder.blank + 1))
     names = cost_phrases()
     for slot in range(rows):
         k = slot % len(names)
-        pool.load(slot, boosting_tree(check_phrases(names[k:] + names[:k])[:count], model.tokenizer))
+        pool.load(slot, boosting_tree(check_phrases(names[k:] + names[:k])[:count], model.tokenizer,
+                                      model.decoder.label_prior))
     return pool
 
 
@@ -461,10 +466,14 @@ def print_evidence(sentences: list[dict], found: list[dict]) -> dict:
     bounds = {}
     for split in sorted({s["split"] for s in sentences}):
         spoken = sum(len(s["phrases"]) for s in sentences if s["split"] == split)
-        bounds[split] = b = best_bound([e for e in found if e["split"] == split], spoken)
-        kept = b["best_bound"]
+        rows = [e for e in found if e["split"] == split]
+        bounds[split] = {field: best_bound(rows, spoken, field=field) for field in ("mean", "need")}
+        b = bounds[split]["mean"]
         print(f"{split}: found where said {b['found']:g} of the spoken phrases, {b['inserted']} found where not; the "
-              f"best bound on the mean ({kept['bound']}) keeps recall {kept['recall']:g} with {kept['inserted']} inserted")
+              "best bound " + "; ".join(
+                  f"on the {name} ({k['bound']}) keeps recall {k['recall']:g} with {k['inserted']} inserted"
+                  for name, k in (("mean", b["best_bound"]), (f"mean less {phrases.PRIOR_SHARE:g} of the prior",
+                                                               bounds[split]["need"]["best_bound"]))))
     return bounds
 
 

@@ -25,11 +25,11 @@ def search(decoder, enc, lengths, trees, fixed: bool, chunk: int = 4, max_lag: i
     """The beam search over `enc` in chunks of `chunk` frames, its beams carried between them in a
     BeamPool and committed as the engine commits them; every stream's labels."""
     b = enc.size(0)
-    boost = BoostPool(b + 1, LIMITS, torch.device("cpu"), STARTS, evidence=-4.0)
+    boost = BoostPool(b + 1, LIMITS, torch.device("cpu"), STARTS)
     beams, commits = BeamPool(decoder, b + 1, BEAM, torch.device("cpu")), BeamCommits(BEAM, max_lag)
     slots = torch.arange(b)
     for slot, phrases in enumerate(trees):
-        boost.load(slot, BoostingTree([PhrasePath(*p) for p in phrases], LIMITS) if phrases else None)
+        boost.load(slot, BoostingTree([PhrasePath(*p) for p in phrases], LIMITS, evidence=-4.0) if phrases else None)
         commits.start(slot, True)
     beams.reset(slots)
     out: list[list[int]] = [[] for _ in range(b)]

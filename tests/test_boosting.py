@@ -34,9 +34,9 @@ def walk(tree: BoostingTree, node: int, token: int) -> tuple[int, float]:
     return 0, 0.0
 
 
-def tree(*phrases: tuple[list[int], float] | tuple[list[int], float, float]) -> BoostingTree:
-    """(tokens, bonus per token[, reward factor]) each."""
-    return BoostingTree([PhrasePath(*p) for p in phrases], LIMITS)
+def tree(*phrases: tuple[list[int], float] | tuple[list[int], float, float], **need) -> BoostingTree:
+    """(tokens, bonus per token[, reward factor[, prior per token]]) each; `need`: evidence, prior_share."""
+    return BoostingTree([PhrasePath(*p) for p in phrases], LIMITS, **need)
 
 
 def example() -> BoostingTree:
@@ -144,9 +144,9 @@ def expand(pool: BoostPool, node: int, banked: float = 0.0, last: int = -1, hear
     return SimpleNamespace(**{k: v[0].tolist() for k, v in vars(found).items()})
 
 
-def pool_of(*phrases, evidence: float = NO_BOUND) -> BoostPool:
-    pool = BoostPool(2, LIMITS, torch.device("cpu"), STARTS, evidence)
-    pool.load(0, tree(*phrases))
+def pool_of(*phrases, evidence: float = NO_BOUND, prior_share: float = 0.0) -> BoostPool:
+    pool = BoostPool(2, LIMITS, torch.device("cpu"), STARTS)
+    pool.load(0, tree(*phrases, evidence=evidence, prior_share=prior_share))
     return pool
 
 
@@ -193,6 +193,18 @@ def test_a_match_the_model_did_not_hear_earns_no_reward():
     end_bad = Matches(torch.tensor([2]), torch.tensor([1.0]), torch.tensor([-1]), torch.tensor([-7.0]))
     assert pool.final(torch.tensor([0]), end_ok).item() == 1.0 + 2 * H + 2
     assert pool.final(torch.tensor([0]), end_bad).item() == 1.0
+
+
+def test_a_match_needs_less_where_the_model_expects_its_labels_less():
+    """The need of a match: evidence per label plus prior_share of its labels' prior (what the model
+    expects of them without audio): a label the model finds unlikely whatever it hears asks less."""
+    plain = tree(([4, 5], 2.0, 1.0, (-1.0, -1.0)), ([4, 6], 2.0, 1.0, (-1.0, -5.0)), evidence=-2.0, prior_share=0.5)
+    assert plain.need[0] == -np.inf  # the root: no match
+    assert plain.need.tolist()[1:] == [-2.5, -5.0, -7.0]  # [4]: -2 - 0.5; [4 5]: -4 - 1; [4 6]: -4 - 3
+    pool = pool_of(([4, 5], 2.0, 1.0, (-1.0, -1.0)), ([4, 6], 2.0, 1.0, (-1.0, -5.0)), evidence=-2.0, prior_share=0.5)
+    assert expand(pool, 2, heard=-5.5).banked[1] == 0.0  # [4 5]: likely labels, heard -5.5 < -5
+    assert expand(pool, 3, heard=-5.5).banked[1] == 2 * H + 2  # [4 6]: an unlikely label, -5.5 >= -7
+    assert expand(pool, 3, heard=-7.5).banked[1] == 0.0
 
 
 def test_a_shorter_phrase_inside_a_longer_one_banks_only_where_the_longer_one_stops():

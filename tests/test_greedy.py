@@ -110,3 +110,22 @@ def test_streamed_chunks_of_a_fixture_model_equal_frame_looping(nemotron_model, 
                 assert emission.per_stream(len(encoded)) == expected, (mode, k)
                 emitted += len(emission.token)
     assert emitted > 20
+
+
+def test_the_label_prior_is_the_prediction_network_alone_label_by_label():
+    """label_prior (the key phrases' internal LM) equals stepping the prediction network from the
+    start with no audio, each sequence alone: padding a shorter one in the batch changes nothing."""
+    decoder = random_decoder(0.0)
+    sequences = [[3, 5, 1, 7], [2], [19, 0, 4]]
+    got = decoder.label_prior(sequences)
+    for seq, prior in zip(sequences, got):
+        state = decoder.initial_state(1)
+        h, c, g = state.h, state.c, state.g
+        want = []
+        for label in seq:
+            logits = decoder.joint(decoder.joint.enc.bias, g)[0, : decoder.blank]
+            want.append(torch.log_softmax(logits, -1)[label].item())
+            out, (h, c) = decoder.predictor.step(torch.tensor([label]), h, c)
+            g = decoder.joint.pred(out)
+        np.testing.assert_allclose(prior, want, rtol=1e-5, atol=1e-6)
+    assert decoder.label_prior([]) == []

@@ -185,6 +185,10 @@ def test_the_best_bound_keeps_the_most_said_phrases_within_the_insertion_limit()
     assert pe.best_bound(found, spoken=5, most_inserted=0)["best_bound"] == {"bound": -2.0, "recall": 0.4, "inserted": 0}
     assert pe.best_bound(found, spoken=5, most_inserted=3)["best_bound"] == {"bound": -4.0, "recall": 0.6, "inserted": 3}
     assert pe.best_bound([], spoken=5)["best_bound"] == {"bound": None, "recall": 0.0, "inserted": 0}
+    # another field ranks the finds its own way: the unsaid ones last, every said one kept
+    ranked = [dict(r, need=-1.0 if r["spoken"] else -9.0) for r in found]
+    assert pe.best_bound(ranked, spoken=5, most_inserted=0, field="need")["best_bound"] == \
+        {"bound": -1.0, "recall": 0.6, "inserted": 0}
 
 
 def test_transcripts_are_folded_to_the_sets_words_before_scoring():

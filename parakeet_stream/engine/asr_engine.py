@@ -202,7 +202,7 @@ class ASREngine:
         language ID), EngineError `unsupported_language` where the model has no such language
         (languages.py)."""
         language = self.languages.resolve(language)
-        tree = boosting_tree(phrases, self.model.tokenizer)
+        tree = boosting_tree(phrases, self.model.tokenizer, self.model.decoder.label_prior)
         if lookahead is not None:
             mode = self._check_lookahead(lookahead)
         else:

@@ -81,7 +81,7 @@ class ModelRunner:
         decoder = self.model.decoder
         cache = EncoderCache.zeros(self.model.cfg.encoder, rows, self.device, self.model.encoder_dtype)
         starts = word_starts(self.model.tokenizer, decoder.blank + 1)
-        boost = BoostPool(rows, phrases.LIMITS, self.device, starts, phrases.EVIDENCE)
+        boost = BoostPool(rows, phrases.LIMITS, self.device, starts)
         return cache, decoder.state_pool(rows, self.device), boost, BeamPool(decoder, rows, phrases.BEAM, self.device)
 
     def _prompt_pool(self, slots: int) -> torch.Tensor | None:

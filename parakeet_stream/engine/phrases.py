@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..model.boosting import BoostingTree, BoostLimits, PhrasePath
 from ..model.tokenizer import Tokenizer
@@ -31,9 +31,11 @@ MAX_WEIGHT = 10.0
 # model/boosting.py): picked on the tuning half of scripts/phrase_eval.py's set (docs/performance.md,
 # "Key phrases").
 BONUS = 6.0
-# The mean log-probability per label the model must give a phrase's labels for its reward: a match
-# the audio does not support earns nothing (and gives its loan back).
-EVIDENCE = -4.0
+# What a phrase's labels need for its reward, per label: EVIDENCE plus PRIOR_SHARE of the model's
+# own prior of the label without audio (GreedyDecoder.label_prior), in log-probability; a match the
+# audio does not support earns nothing (and gives its loan back). Picked on the tuning half.
+EVIDENCE = -0.5
+PRIOR_SHARE = 0.75
 BEAM = 4  # hypotheses per stream with phrases
 SYMBOLS = 4  # labels per encoder frame at most, in the beam search
 MAX_LAG_SECONDS = 1.0  # text is committed from the best hypothesis once it is this old (engine/beams.py)
@@ -94,12 +96,15 @@ def _one(item) -> Phrase:
     return Phrase(text, float(weight))
 
 
-def boosting_tree(phrases: tuple[Phrase, ...], tokenizer: Tokenizer | None) -> BoostingTree | None:
+def boosting_tree(phrases: tuple[Phrase, ...], tokenizer: Tokenizer | None,
+                  prior: Callable[[list[list[int]]], list] | None = None) -> BoostingTree | None:
     """The boosting tree of a stream's checked phrases, tokenized with the model's tokenizer (lower
     case for a model that writes none, accents dropped where the model writes the letters without
-    them); None for no phrases. PhraseError for a phrase past MAX_PHRASE_TOKENS or with characters
-    the model cannot write (its tokenizer's unknown piece: boosting it would only push that piece),
-    or phrases the slot pool cannot hold; a hint the model cannot take is left out instead."""
+    them); None for no phrases. `prior`: the model's label prior (GreedyDecoder.label_prior; None:
+    a tree only checked, never decoded with). PhraseError for a phrase past MAX_PHRASE_TOKENS or with
+    characters the model cannot write (its tokenizer's unknown piece: boosting it would only push
+    that piece), or phrases the slot pool cannot hold; a hint the model cannot take is left out
+    instead."""
     if not phrases:
         return None
     if tokenizer is None:
@@ -119,8 +124,11 @@ def boosting_tree(phrases: tuple[Phrase, ...], tokenizer: Tokenizer | None) -> B
         items.append(PhrasePath(tokens, BONUS * min(phrase.weight, 1.0), phrase.weight))
     if not items:
         return None
+    if prior is not None:
+        priors = prior([item.tokens for item in items])
+        items = [replace(item, prior=tuple(p.tolist())) for item, p in zip(items, priors)]
     try:
-        return BoostingTree(items, LIMITS)
+        return BoostingTree(items, LIMITS, EVIDENCE, PRIOR_SHARE)
     except ValueError as exc:
         raise PhraseError(str(exc)) from None
 

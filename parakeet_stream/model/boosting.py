@@ -14,9 +14,13 @@ a started name in the beam.
 
 A phrase is whole words: its reward is banked only when the next label starts a word (a piece
 with the word-boundary mark, punctuation, or a control piece such as <EOU>; the end of the stream
-counts as one) and does not continue a longer phrase, and only where the model heard it: the mean
-log-probability the model gave the match's labels is at least `evidence` (a full match below it
-forfeits its loan at once). The reward is what the full match earned token by token times the
+counts as one) and does not continue a longer phrase, and only where the model heard it: the
+log-probability the model gave the match's labels is at least the match's *need*, `evidence` per
+label plus `prior_share` of the model's own prior of those labels without audio (a full match below
+it forfeits its loan at once). The prior (the prediction network's internal language model) is
+what the model expects of the labels whatever it hears: a name spelled unlike any word it knows gets
+low probabilities when said too, a phrase made of likely labels gets high ones where a sound-alike
+was said, and the need follows both. The reward is what the full match earned token by token times the
 phrase's weight: a weight scales what a full match earns, not the pull of each token. A phrase completed
 right after the same phrase, with no other word between, banks nothing: a name cannot repeat
 itself on a bonus (the audio must say it twice).
@@ -40,8 +44,10 @@ from .tokenizer import SPACE, Tokenizer
 NEG_INF = float("-inf")
 FIRST_SHARE = 0.5
 # A node's row in the pool: its deeper arcs (from, to), the reward of the phrase it completes (itself
-# or as a suffix) and that phrase's end node, what it has earned, its depth.
-ARC_FROM, ARC_TO, DONE, DONE_ID, EARNED, DEPTH = range(6)
+# or as a suffix) and that phrase's end node, what it has earned, its depth, the log-probability its
+# match's labels need to earn a reward.
+ARC_FROM, ARC_TO, DONE, DONE_ID, EARNED, DEPTH, NEED = range(7)
+ROW = 7
 
 
 @dataclass(frozen=True)
@@ -57,20 +63,24 @@ class BoostLimits:
 
 @dataclass(frozen=True)
 class PhrasePath:
-    """One phrase as the tree takes it: its tokens, the bonus of each, and the reward of a full
-    match as a multiple of the bonuses along it (the phrase's weight)."""
+    """One phrase as the tree takes it: its tokens, the bonus of each, the reward of a full match as
+    a multiple of the bonuses along it (the phrase's weight), and the model's prior log-probability
+    of each token (GreedyDecoder.label_prior; empty: none)."""
 
     tokens: list[int]
     bonus: float
     reward: float = 1.0
+    prior: tuple[float, ...] = ()
 
 
 class BoostingTree:
     """One stream's phrases, built on the host once: root row, node rows and CSR arcs as numpy arrays."""
 
-    def __init__(self, phrases: list[PhrasePath], limits: BoostLimits):
-        """ValueError where the tree exceeds `limits`."""
-        children, bonus, fail, ends = _trie(phrases)
+    def __init__(self, phrases: list[PhrasePath], limits: BoostLimits, evidence: float = NEG_INF,
+                 prior_share: float = 0.0):
+        """evidence: the log-probability per label a match needs, plus `prior_share` of its labels'
+        prior. ValueError where the tree exceeds `limits`."""
+        children, bonus, fail, ends, prior = _trie(phrases)
         if len(children) > limits.nodes:
             raise ValueError(f"the phrases make {len(children)} tree nodes: at most {limits.nodes}")
         if len(children[0]) > limits.root_width:
@@ -83,6 +93,7 @@ class BoostingTree:
         self.arc_start, self.arc_token, self.arc_next = _deep_arcs(children, fail, order)
         self.arc_value = earned[self.arc_next]
         self.earned, self.done, self.done_id, self.depth = earned, done, done_id, depth
+        self.need = np.where(depth > 0, evidence * depth.clip(min=1) + prior_share * prior, NEG_INF).astype(np.float32)
         self.width = int(np.diff(self.arc_start).max(initial=0))
         if len(self.arc_token) > limits.arcs or self.width > limits.arc_width:
             raise ValueError("the phrases overlap too much to be boosted together")
@@ -92,17 +103,18 @@ class BoostingTree:
         return len(self.arc_start) - 1
 
     def node_rows(self) -> np.ndarray:
-        """[nodes, 6] float32: each node's row in the pool (ARC_FROM ... DEPTH)."""
+        """[nodes, ROW] float32: each node's row in the pool (ARC_FROM ... NEED)."""
         return np.stack([self.arc_start[:-1], self.arc_start[1:], self.done, self.done_id, self.earned,
-                         self.depth], 1).astype(np.float32)
+                         self.depth, self.need], 1).astype(np.float32)
 
 
 def _trie(phrases: list[PhrasePath]):
     """children per node (token -> node; node 0 the root), the bonus of the arc into each node, each
-    node's failure arc (its longest proper suffix in the trie), and the reward factor of each node
-    that ends a phrase (the largest where phrases end at the same node)."""
+    node's failure arc (its longest proper suffix in the trie), the reward factor of each node
+    that ends a phrase (the largest where phrases end at the same node), and each node's prior (the
+    sum of its path's token priors)."""
     children: list[dict[int, int]] = [{}]
-    bonus = [0.0]
+    bonus, prior = [0.0], [0.0]
     ends: dict[int, float] = {}
     for phrase in phrases:
         node = 0
@@ -111,6 +123,7 @@ def _trie(phrases: list[PhrasePath]):
                 children[node][token] = len(children)
                 children.append({})
                 bonus.append(0.0)
+                prior.append(prior[node] + (phrase.prior[depth] if phrase.prior else 0.0))
             node = children[node][token]
             bonus[node] = max(bonus[node], phrase.bonus * (FIRST_SHARE if depth == 0 else 1.0))
         ends[node] = max(ends.get(node, 0.0), phrase.reward)
@@ -124,7 +137,7 @@ def _trie(phrases: list[PhrasePath]):
                 back = fail[back]
             fail[child] = children[back].get(token, 0)
             queue.append(child)
-    return children, bonus, fail, ends
+    return children, bonus, fail, ends, np.array(prior, dtype=np.float64)
 
 
 def _earned(children, bonus, fail, ends):
@@ -205,15 +218,14 @@ class BoostPool:
     only at a stream's first step (`load`), by the decode stage; ids are held as float32 beside the
     bonuses (exact below 2**24), so one gather brings a row."""
 
-    def __init__(self, rows: int, limits: BoostLimits, device, starts: np.ndarray, evidence: float = NEG_INF):
-        """starts: `word_starts` of the model's labels (blank last); evidence: the mean log-probability
-        per label a phrase's labels need for its reward (below it, a full match earns nothing)."""
-        self.limits, self.device, self.evidence = limits, device, evidence
+    def __init__(self, rows: int, limits: BoostLimits, device, starts: np.ndarray):
+        """starts: `word_starts` of the model's labels (blank last)."""
+        self.limits, self.device = limits, device
         self.starts = torch.from_numpy(starts).to(device)
         self.blank = len(starts) - 1
         self.root = torch.zeros(rows, limits.root_width, 3, device=device)  # token, next node, earned
         self.root[..., 0] = self.blank  # an empty entry: blank's column, which no label reads
-        self.nodes = torch.zeros(rows * (limits.nodes + 1), 6, device=device)
+        self.nodes = torch.zeros(rows * (limits.nodes + 1), ROW, device=device)
         # token, next node, earned; the last slot's reads of a full arc width stay inside the table
         self.arcs = torch.zeros(rows * limits.arcs + limits.arc_width, 3, device=device)
         self.widths = np.zeros((rows, 2), dtype=np.int64)  # host: root labels, most arcs of a node
@@ -221,7 +233,7 @@ class BoostPool:
     @staticmethod
     def slot_bytes(limits: BoostLimits) -> int:
         """Device memory of one slot's tables: its root arcs, nodes and deeper arcs."""
-        return 4 * (3 * limits.root_width + 6 * (limits.nodes + 1) + 3 * limits.arcs)
+        return 4 * (3 * limits.root_width + ROW * (limits.nodes + 1) + 3 * limits.arcs)
 
     def load(self, slot: int, tree: BoostingTree | None) -> None:
         """The stream starting at `slot` boosts `tree` (None: nothing)."""
@@ -259,13 +271,13 @@ class BoostPool:
             arcs = self.arcs[(slots * self.limits.arcs).unsqueeze(1) + at]
             arcs[..., 0].masked_fill_(at >= info[:, ARC_TO : ARC_TO + 1], self.blank)
             self._scatter(value, node, arcs)  # after the root arcs: the deeper match wins
-        reached = self.nodes[base.unsqueeze(1) + node]  # [n, labels, 6]
+        reached = self.nodes[base.unsqueeze(1) + node]  # [n, labels, ROW]
         depth = reached[..., DEPTH]
         deeper = depth == info[:, DEPTH : DEPTH + 1] + 1
         heard = torch.where(deeper, matches.heard.unsqueeze(1) + logp, torch.where(depth > 0, logp * depth, 0.0))
         # a phrase completed with labels the model did not hear forfeits its loan at once (else a
         # hypothesis would hold it by writing nothing more)
-        unheard = (reached[..., DONE_ID].long() == node) & (node > 0) & (heard < self.evidence * depth)
+        unheard = (reached[..., DONE_ID].long() == node) & (node > 0) & (heard < reached[..., NEED])
         value = torch.where(unheard, 0.0, value)
         done, done_id = info[:, DONE : DONE + 1], info[:, DONE_ID : DONE_ID + 1].long()
         last = matches.last.unsqueeze(1)
@@ -284,8 +296,8 @@ class BoostPool:
         return matches.banked + torch.where(bank, info[:, DONE], 0.0)
 
     def _heard(self, matches: Matches, info: torch.Tensor) -> torch.Tensor:
-        """[n] whether the open match's labels are likely enough, on average, to earn its reward."""
-        return matches.heard >= self.evidence * info[:, DEPTH].clamp(min=1)
+        """[n] whether the open match's labels are likely enough to earn its reward."""
+        return matches.heard >= info[:, NEED]
 
     def _scatter(self, value: torch.Tensor, node: torch.Tensor, arcs: torch.Tensor) -> None:
         token = arcs[..., 0].long()

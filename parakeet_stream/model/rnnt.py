@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -120,6 +121,28 @@ class GreedyDecoder(nn.Module):
         """The states of `slots` streams, every one at the start, with `reset` to start one over."""
         start = self.initial_state(1, device)
         return DecoderState(start.h.repeat(1, slots, 1), start.c.repeat(1, slots, 1), start.g.repeat(slots, 1), start)
+
+    @torch.no_grad()
+    def label_prior(self, sequences: list[list[int]]) -> list[np.ndarray]:
+        """The model's own prior of each label of each sequence given the labels before it, with no
+        audio (the joint's encoder input left at its bias, blank left out): log-probabilities, one
+        array per sequence. An estimate of the language model the prediction network learned
+        (internal LM estimation, as in Meng et al. 2021), used to judge a key phrase's evidence."""
+        if not sequences:
+            return []
+        device = self.joint.out.weight.device
+        longest = max(map(len, sequences))
+        labels = torch.full((len(sequences), longest), self.blank, dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            labels[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+        labels = labels.to(device)
+        history = torch.cat([torch.full_like(labels[:, :1], self.blank), labels[:, :-1]], 1)  # blank starts
+        zeros = torch.zeros(self.cfg.pred_rnn_layers, len(sequences), self.cfg.pred_hidden, device=device,
+                            dtype=self.joint.out.weight.dtype)
+        out, _ = self.predictor(history, (zeros, zeros.clone()))
+        logits = self.joint(self.joint.enc.bias, self.joint.pred(out))[..., : self.blank].float()
+        logp = torch.log_softmax(logits, -1).gather(2, labels.clamp(max=self.blank - 1).unsqueeze(2))[..., 0].cpu()
+        return [logp[row, : len(seq)].numpy() for row, seq in enumerate(sequences)]
 
     @torch.no_grad()
     def decode(self, enc: torch.Tensor, lengths: torch.Tensor, state: DecoderState,
