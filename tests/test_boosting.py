@@ -207,6 +207,16 @@ def test_a_match_needs_less_where_the_model_expects_its_labels_less():
     assert expand(pool, 3, heard=-7.5).banked[1] == 0.0
 
 
+def test_a_label_the_model_expects_little_without_audio_earns_a_larger_loan():
+    """The loan adds prior_loan of what the prior takes from a label (times the phrase's pull, its
+    weight below 1): the search weighs a phrase's labels by the audio, not by their spelling's odds."""
+    full = tree(([4, 5], 2.0, 1.0, (-1.0, -6.0)), prior_loan=0.5)
+    assert walk(full, 0, 4) == (1, 2 * H + 0.5) and walk(full, 1, 5) == (2, 2 * H + 0.5 + 2 + 3.0)
+    half = tree(([4, 5], 1.0, 0.5, (-1.0, -6.0), 0.5), prior_loan=0.5)  # weight 0.5: half the pull
+    assert walk(half, 1, 5) == (2, H + 0.25 + 1 + 1.5)
+    assert walk(tree(([4, 5], 2.0)), 1, 5) == (2, 2 * H + 2)  # no prior: the bonus alone
+
+
 def test_a_shorter_phrase_inside_a_longer_one_banks_only_where_the_longer_one_stops():
     pool = pool_of(([4], 2.0), ([4, 1, 5], 2.0))  # "anna" and "anna kowalski": 1 starts a word
     done = expand(pool, 1)  # [4] complete

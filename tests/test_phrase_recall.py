@@ -60,8 +60,9 @@ def all_phrases() -> tuple[Phrase, ...]:
 
 # Measured on the shipped demo model (these 10 sentences, every phrase of PHRASES boosted at
 # the defaults): RECALL_PLAIN of them without boosting, RECALL_BOOSTED with; asserted with margins.
-# Of the 4 phrase-free sentences, INSERTED get a phrase ("good food wine" -> "good photoshop weem").
-RECALL_PLAIN, RECALL_BOOSTED, INSERTED = 0, 3, 1
+# Of the 4 phrase-free sentences, at most INSERTED get a phrase (none now; one, "good food wine" ->
+# "good photoshop weem", before the label prior).
+RECALL_PLAIN, RECALL_BOOSTED, INSERTED = 0, 5, 1
 PICKED = range(0, 40, 4)  # one sentence of every other phrase
 
 

@@ -28,14 +28,16 @@ MAX_PHRASE_TOKENS = 32
 DEFAULT_WEIGHT = 1.0
 MAX_WEIGHT = 10.0
 # Log-probability a phrase token earns at weight 1.0 (a phrase's first token: FIRST_SHARE of it,
-# model/boosting.py): picked on the tuning half of scripts/phrase_eval.py's set (docs/performance.md,
-# "Key phrases").
-BONUS = 6.0
-# What a phrase's labels need for its reward, per label: EVIDENCE plus PRIOR_SHARE of the model's
-# own prior of the label without audio (GreedyDecoder.label_prior), in log-probability; a match the
-# audio does not support earns nothing (and gives its loan back). Picked on the tuning half.
-EVIDENCE = -0.5
-PRIOR_SHARE = 0.75
+# model/boosting.py), plus PRIOR_LOAN of what the model's own prior of the token without audio
+# (GreedyDecoder.label_prior) takes from it. A phrase's labels need, for its reward, EVIDENCE per
+# label plus PRIOR_SHARE of their prior: with 1.0, the audio must make them e**0.6 times likelier
+# than the model expects of them unheard. A match the audio does not support earns nothing (and
+# gives its loan back). All four picked on the tuning half of scripts/phrase_eval.py's set
+# (docs/performance.md, "Key phrases").
+BONUS = 2.0
+PRIOR_LOAN = 1.0
+EVIDENCE = 0.6
+PRIOR_SHARE = 1.0
 BEAM = 4  # hypotheses per stream with phrases
 SYMBOLS = 4  # labels per encoder frame at most, in the beam search
 MAX_LAG_SECONDS = 1.0  # text is committed from the best hypothesis once it is this old (engine/beams.py)
@@ -121,14 +123,14 @@ def boosting_tree(phrases: tuple[Phrase, ...], tokenizer: Tokenizer | None,
         if len(tokens) > MAX_PHRASE_TOKENS:
             raise PhraseError(f"the phrase {phrase.text!r} is {len(tokens)} tokens for this model: "
                               f"at most {MAX_PHRASE_TOKENS}")
-        items.append(PhrasePath(tokens, BONUS * min(phrase.weight, 1.0), phrase.weight))
+        items.append(PhrasePath(tokens, BONUS * min(phrase.weight, 1.0), phrase.weight, pull=min(phrase.weight, 1.0)))
     if not items:
         return None
     if prior is not None:
         priors = prior([item.tokens for item in items])
         items = [replace(item, prior=tuple(p.tolist())) for item, p in zip(items, priors)]
     try:
-        return BoostingTree(items, LIMITS, EVIDENCE, PRIOR_SHARE)
+        return BoostingTree(items, LIMITS, EVIDENCE, PRIOR_SHARE, PRIOR_LOAN)
     except ValueError as exc:
         raise PhraseError(str(exc)) from None
 

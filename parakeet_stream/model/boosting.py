@@ -6,7 +6,9 @@ The tree is a trie over the phrases' tokens with Aho-Corasick failure arcs (as i
 ContextGraph and NeMo's GPU phrase boosting). A hypothesis's match is a node: the longest suffix
 of what it wrote that is a prefix of one of its phrases. A phrase's token is worth the stream's
 bonus per token (the first token FIRST_SHARE of it: a first piece is often a common word start
-such as "▁k"); a node has *earned* the bonus of its best partial match (the sum along it, or along
+such as "▁k") plus `prior_loan` of what the model's prior takes from it (below): the search then
+weighs a phrase's labels by what the audio says of them rather than by how likely the model finds
+their spelling (internal language model subtraction, as in Meng et al. 2021); a node has *earned* the bonus of its best partial match (the sum along it, or along
 a shorter suffix match). The context score of a hypothesis is what it has *banked* plus what its
 node has earned: a label that continues a match adds its bonus, one that breaks it falls back along
 failure arcs and gives back what the match had earned, so a partial match is only a loan that keeps
@@ -17,10 +19,10 @@ with the word-boundary mark, punctuation, or a control piece such as <EOU>; the 
 counts as one) and does not continue a longer phrase, and only where the model heard it: the
 log-probability the model gave the match's labels is at least the match's *need*, `evidence` per
 label plus `prior_share` of the model's own prior of those labels without audio (a full match below
-it forfeits its loan at once). The prior (the prediction network's internal language model) is
-what the model expects of the labels whatever it hears: a name spelled unlike any word it knows gets
-low probabilities when said too, a phrase made of likely labels gets high ones where a sound-alike
-was said, and the need follows both. The reward is what the full match earned token by token times the
+it forfeits its loan at once). The prior (the prediction network's internal language model,
+GreedyDecoder.label_prior) is what the model expects of the labels whatever it hears: a name
+spelled unlike any word it knows gets low probabilities when said too, a phrase made of likely
+labels gets high ones where a sound-alike was said, and the need follows both. The reward is what the full match earned token by token times the
 phrase's weight: a weight scales what a full match earns, not the pull of each token. A phrase completed
 right after the same phrase, with no other word between, banks nothing: a name cannot repeat
 itself on a bonus (the audio must say it twice).
@@ -64,23 +66,27 @@ class BoostLimits:
 @dataclass(frozen=True)
 class PhrasePath:
     """One phrase as the tree takes it: its tokens, the bonus of each, the reward of a full match as
-    a multiple of the bonuses along it (the phrase's weight), and the model's prior log-probability
-    of each token (GreedyDecoder.label_prior; empty: none)."""
+    a multiple of the bonuses along it (the phrase's weight), the model's prior log-probability of
+    each token (GreedyDecoder.label_prior; empty: none), and the share of the prior's loan it
+    takes (its weight, where below 1)."""
 
     tokens: list[int]
     bonus: float
     reward: float = 1.0
     prior: tuple[float, ...] = ()
+    pull: float = 1.0
 
 
 class BoostingTree:
     """One stream's phrases, built on the host once: root row, node rows and CSR arcs as numpy arrays."""
 
     def __init__(self, phrases: list[PhrasePath], limits: BoostLimits, evidence: float = NEG_INF,
-                 prior_share: float = 0.0):
+                 prior_share: float = 0.0, prior_loan: float = 0.0):
         """evidence: the log-probability per label a match needs, plus `prior_share` of its labels'
-        prior. ValueError where the tree exceeds `limits`."""
-        children, bonus, fail, ends, prior = _trie(phrases)
+        prior; prior_loan: the share of a label's prior (negated) its loan adds to the bonus, so a
+        label the model expects little without audio is pulled more. ValueError where the tree
+        exceeds `limits`."""
+        children, bonus, fail, ends, prior = _trie(phrases, prior_loan)
         if len(children) > limits.nodes:
             raise ValueError(f"the phrases make {len(children)} tree nodes: at most {limits.nodes}")
         if len(children[0]) > limits.root_width:
@@ -108,7 +114,7 @@ class BoostingTree:
                          self.depth, self.need], 1).astype(np.float32)
 
 
-def _trie(phrases: list[PhrasePath]):
+def _trie(phrases: list[PhrasePath], prior_loan: float = 0.0):
     """children per node (token -> node; node 0 the root), the bonus of the arc into each node, each
     node's failure arc (its longest proper suffix in the trie), the reward factor of each node
     that ends a phrase (the largest where phrases end at the same node), and each node's prior (the
@@ -125,7 +131,8 @@ def _trie(phrases: list[PhrasePath]):
                 bonus.append(0.0)
                 prior.append(prior[node] + (phrase.prior[depth] if phrase.prior else 0.0))
             node = children[node][token]
-            bonus[node] = max(bonus[node], phrase.bonus * (FIRST_SHARE if depth == 0 else 1.0))
+            extra = -prior_loan * phrase.pull * phrase.prior[depth] if phrase.prior else 0.0
+            bonus[node] = max(bonus[node], phrase.bonus * (FIRST_SHARE if depth == 0 else 1.0) + extra)
         ends[node] = max(ends.get(node, 0.0), phrase.reward)
     fail = [0] * len(children)
     queue = deque(children[0].values())
