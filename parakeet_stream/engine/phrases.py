@@ -123,7 +123,8 @@ def boosting_tree(phrases: tuple[Phrase, ...], tokenizer: Tokenizer | None,
         if len(tokens) > MAX_PHRASE_TOKENS:
             raise PhraseError(f"the phrase {phrase.text!r} is {len(tokens)} tokens for this model: "
                               f"at most {MAX_PHRASE_TOKENS}")
-        items.append(PhrasePath(tokens, BONUS * min(phrase.weight, 1.0), phrase.weight, pull=min(phrase.weight, 1.0)))
+        pull = min(phrase.weight, 1.0)
+        items.append(PhrasePath(tokens, BONUS * pull, phrase.weight, pull=pull))
     if not items:
         return None
     if prior is not None:

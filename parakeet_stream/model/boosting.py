@@ -1,36 +1,36 @@
-"""Key-phrase boosting trees for the beam search (beam.py): each stream's phrases as a boosting
-tree, and the pool that holds the tree of every slot on the device and scores, for a batch of
-hypotheses at once, what every next label does to their phrase matches.
+"""Key-phrase boosting trees for the beam search (beam.py): each stream's phrases as a boosting tree,
+and the pool that holds the tree of every slot on the device and scores, for a batch of hypotheses
+at once, what every next label does to their phrase matches.
 
 The tree is a trie over the phrases' tokens with Aho-Corasick failure arcs (as icefall's
-ContextGraph and NeMo's GPU phrase boosting). A hypothesis's match is a node: the longest suffix
-of what it wrote that is a prefix of one of its phrases. A phrase's token is worth the stream's
-bonus per token (the first token FIRST_SHARE of it: a first piece is often a common word start
-such as "▁k") plus `prior_loan` of what the model's prior takes from it (below): the search then
-weighs a phrase's labels by what the audio says of them rather than by how likely the model finds
-their spelling (internal language model subtraction, as in Meng et al. 2021); a node has *earned* the bonus of its best partial match (the sum along it, or along
-a shorter suffix match). The context score of a hypothesis is what it has *banked* plus what its
-node has earned: a label that continues a match adds its bonus, one that breaks it falls back along
-failure arcs and gives back what the match had earned, so a partial match is only a loan that keeps
-a started name in the beam.
+ContextGraph and NeMo's GPU phrase boosting). A hypothesis's match is a node: the longest suffix of
+what it wrote that is a prefix of one of its phrases. A phrase's token is worth the stream's bonus
+per token (the first token FIRST_SHARE of it: a first piece is often a common word start such as
+"▁k") plus `prior_loan` of what the model's prior takes from it (below): the search then weighs a
+phrase's labels by what the audio says of them rather than by how likely the model finds their
+spelling (internal language model subtraction, as in Meng et al. 2021); a node has *earned* the
+bonus of its best partial match (the sum along it, or along a shorter suffix match). The context
+score of a hypothesis is what it has *banked* plus what its node has earned: a label that continues
+a match adds its bonus, one that breaks it falls back along failure arcs and gives back what the
+match had earned, so a partial match is only a loan that keeps a started name in the beam.
 
-A phrase is whole words: its reward is banked only when the next label starts a word (a piece
-with the word-boundary mark, punctuation, or a control piece such as <EOU>; the end of the stream
-counts as one) and does not continue a longer phrase, and only where the model heard it: the
-log-probability the model gave the match's labels is at least the match's *need*, `evidence` per
-label plus `prior_share` of the model's own prior of those labels without audio (a full match below
-it forfeits its loan at once). The prior (the prediction network's internal language model,
-GreedyDecoder.label_prior) is what the model expects of the labels whatever it hears: a name
-spelled unlike any word it knows gets low probabilities when said too, a phrase made of likely
-labels gets high ones where a sound-alike was said, and the need follows both. The reward is what the full match earned token by token times the
-phrase's weight: a weight scales what a full match earns, not the pull of each token. A phrase completed
-right after the same phrase, with no other word between, banks nothing: a name cannot repeat
-itself on a bonus (the audio must say it twice).
+A phrase is whole words: its reward is banked only when the next label starts a word (a piece with
+the word-boundary mark, punctuation, or a control piece such as <EOU>; the end of the stream counts
+as one) and does not continue a longer phrase, and only where the model heard it: the
+log-probability the model gave the match's labels is at least the match's *need*, `evidence` per label
+plus `prior_share` of the model's own prior of those labels without audio (a full match below it
+forfeits its loan at once). The prior (the prediction network's internal language model,
+GreedyDecoder.label_prior) is what the model expects of the labels whatever it hears: a name spelled
+unlike any word it knows gets low probabilities when said too, a phrase made of likely labels gets
+high ones where a sound-alike was said, and the need follows both. The reward is what the full match
+earned token by token times the phrase's weight: a weight scales what a full match earns, not the
+pull of each token. A phrase completed right after the same phrase, with no other word between,
+banks nothing: a name cannot repeat itself on a bonus (the audio must say it twice).
 
-Layout, for fixed shapes: a node's arcs are its Aho-Corasick transitions that lead deeper than
-one token (its children and its fallbacks' children), in CSR form; the transitions into the root's
-children (one token matched) are the same from every node, so they are stored once, as the root
-row. Where a label has both, the deeper arc is the right one (it is the longer match).
+Layout, for fixed shapes: a node's arcs are its Aho-Corasick transitions that lead deeper than one
+token (its children and its fallbacks' children), in CSR form; the transitions into the root's
+children (one token matched) are the same from every node, so they are stored once, as the root row.
+Where a label has both, the deeper arc is the right one (it is the longer match).
 """
 
 from __future__ import annotations
