@@ -3,16 +3,17 @@
 tuned to: recall, phrases inserted where never said, runaway repeats, fragments, the other words'
 WER; and the decode cost of boosting.
 
-    python scripts/phrase_eval.py                          # both halves: the table, results/phrase_eval.json
+    python scripts/phrase_eval.py                          # every part: the tables, results/phrase_eval.json
     python scripts/phrase_eval.py --split tune --param phrases.BONUS=4 --param boosting.FIRST_SHARE=0.5
     python scripts/phrase_eval.py --cost-only              # only the decode cost, greedy vs beam, batch 1/16/64
     python scripts/phrase_eval.py --evidence --param phrases.EVIDENCE=-1e9   # what an evidence bound could keep
 
-The set (scripts/phrase_set.py) is split BY PHRASE into a tuning half and a held-out half: tune
-knobs on `tune`, report `heldout`. Every sentence is its own stream, through the real ASREngine
+The set (scripts/phrase_set.py) is split BY PHRASE into a tuning half and a held-out half, and has
+a fresh part added after the defaults were chosen: tune knobs on `tune`, report `heldout` and
+`fresh`. Every sentence is its own stream, through the real ASREngine
 ("demo"), 16 at a time, in four passes: no phrases, then its phrase list at weight 1, 2 and 5 (a
-phrase sentence lists its phrase and 10 never-spoken ones of its half, a control sentence 20-50).
-Per half and pass:
+phrase sentence lists its phrase and 10 never-spoken ones of its part, a control sentence 20-50,
+at most its part's). Per part and pass:
 - recall: spoken phrases found in the transcript as whole words (all, and per kind);
 - inserted: listed phrases never spoken in the sentence but found in its transcript;
 - runaway: listed phrases found more often than max(1, times spoken) ("zoe unal zoe unal");
@@ -20,7 +21,7 @@ Per half and pass:
   phrase not spoken in the sentence ("drink mai" for "mailchimp");
 - WER of the other words (the phrase sentences' words outside their phrases: `other_word_errors`)
   and WER of the control sentences.
-The targets the decoder must reach on the held-out half are checked at the end (TARGETS).
+The targets the decoder must reach (on the parts it was not tuned on) are checked per part (TARGETS).
 --evidence adds the model's log-probabilities of the phrases found at weight 1 and, per half, the
 most recall any bound on them keeps with at most 2 inserted: fitted to the very finds it is scored
 on, a ceiling for an evidence gate on that decoder's finds (run a looser decoder with --param to
@@ -414,7 +415,7 @@ def worst(sentences: list[dict], hyps: dict, figures: dict, limit: int) -> list[
 def evaluate(args, params: dict) -> dict:
     """Every pass over the chosen halves: prints each half's table, targets and worst examples;
     returns the full report."""
-    sentences = [s for s in build() if args.split in ("both", s["split"])]
+    sentences = [s for s in build() if args.split in ("all", s["split"])]
     started = time.perf_counter()
     audios = [audio_of(s) for s in sentences]
     report = {"model": args.model, "params": params, "sentences": sentences,
@@ -479,8 +480,9 @@ def print_evidence(sentences: list[dict], found: list[dict]) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--split", choices=["tune", "heldout", "both"], default="both",
-                    help="which half to run (tune knobs on `tune`; default both)")
+    ap.add_argument("--split", choices=[*SPLITS, "all"], default="all",
+                    help="which part to run: the tuning half, the held-out half, the fresh part or all "
+                         "(tune knobs on `tune` only; default all)")
     ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                     help="set a decoder knob before the engine is made: phrases.X (parakeet_stream.engine."
                          "phrases), boosting.X (parakeet_stream.model.boosting) or parakeet_stream.<module>.X; "

@@ -8,10 +8,16 @@
 - every sentence read by an espeak-ng voice, mostly accents and variants the demo model never
   heard in training (scripts/demo_data.py holds the training ones), at mixed speeds and pitches.
 
-The set is split in two BY PHRASE: in each kind every other phrase (in the order listed) is held
-out, and so are its carriers (each kind has 6 carriers per half) and the controls that sound like
-it. A half's phrase lists draw only from its own phrases, so nothing of the held-out half occurs in
-the tuning half. Tune on `tune`; report `heldout`.
+The set is split BY PHRASE: in each kind every other phrase (in the order listed) is held out, and
+so are its carriers (each kind has 6 carriers per half) and the controls that sound like it. A
+half's phrase lists draw only from its own phrases, so nothing of the held-out half occurs in the
+tuning half. Tune on `tune`; report `heldout`. The tuning half has 29 more controls of its own
+(TUNE_CONTROLS: 10 that sound like a tuning phrase, 19 that sound like none), so that the harm a
+phrase list does to the words around it shows where the defaults are chosen.
+
+A third part, `fresh`, was added after the decoder's defaults were last chosen: 30 more phrases
+(FRESH_PHRASES), their own carriers, never-spoken phrases and controls, none of them in either half,
+so that a figure exists that no choice of the defaults has seen. Like `heldout`, it is never tuned on.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import random
 import re
 import unicodedata
 
-SPLITS = ("tune", "heldout")
+SPLITS = ("tune", "heldout", "fresh")
 DISTRACTORS_PER_SENTENCE = 10  # never-spoken phrases listed beside a sentence's own
 CONTROL_LIST = (20, 50)  # phrases listed for a control sentence (at most the half's pool)
 
@@ -128,6 +134,86 @@ CONTROLS = [
     ("he was too tired to finish his dinner", ()),
 ]
 
+# More controls for the tuning half alone: (text, the tuning phrases it shares sounds with)
+TUNE_CONTROLS = [
+    ("the candle on the paper was white", ("Kindle Paperwhite",)),
+    ("my brother was very hyper at the visit", ("hypervisor",)),
+    ("the web is a big assembly of pages", ("WebAssembly",)),
+    ("the dog has warm fur in the winter", ("warfarin",)),
+    ("the fair area was closed", ("Ferreira",)),
+    ("oh my pretty soul", ("omeprazole",)),
+    ("there was a gap in the pen", ("gabapentin",)),
+    ("it was late and the sea was cold", ("latency",)),
+    ("we will win a big game", ("Winnipeg",)),
+    ("the level of the river rose", ("levothyroxine",)),
+    ("the train was full of people going home", ()),
+    ("she made tea for everyone in the room", ()),
+    ("we forgot to lock the back door", ()),
+    ("the little boy lost his red ball", ()),
+    ("my father reads the paper every morning", ()),
+    ("it was too cold to go outside", ()),
+    ("they sold the old house last year", ()),
+    ("he likes to walk in the woods", ()),
+    ("the doctor said i need more sleep", ()),
+    ("we waited an hour for the bus", ()),
+    ("she wrote a long letter to her friend", ()),
+    ("the music was too loud last night", ()),
+    ("i left my bag on the train", ()),
+    ("our teacher was ill on monday", ()),
+    ("he cut his hand on the knife", ()),
+    ("we had fish for dinner tonight", ()),
+    ("the sun came out after lunch", ()),
+    ("my mother grows roses in the garden", ()),
+    ("the shop closes at six", ()),
+]
+
+# The fresh part: 6 phrases per kind, 6 carriers per kind (each phrase in 3), its own never-spoken
+# phrases, controls (8 that share sounds with a fresh phrase, 10 that share none)
+FRESH_PHRASES = {
+    "person": ["Nakamura", "Olusegun Adeyemi", "Ingrid Halvorsen", "Ravindran", "Mbappé", "Szymanski"],
+    "drug": ["metoprolol", "rosuvastatin", "escitalopram", "pantoprazole", "Humira", "Xarelto"],
+    "product": ["Airtable", "Figma", "Instacart", "Pinterest", "Cybertruck", "Grubhub"],
+    "place": ["Ouarzazate", "Thessaloniki", "Guadalajara", "Antananarivo", "Qingdao", "Kraków"],
+    "technical": ["Elasticsearch", "PyTorch", "oscilloscope", "Grafana", "middleware", "Kotlin"],
+}
+FRESH_CARRIERS = {
+    "person": ["i saw {} at the station this morning", "{} will call you back after lunch",
+               "we are going to meet {} on friday", "the letter from {} came today",
+               "do you know where {} lives now", "{} left the keys on the table"],
+    "drug": ["the shop had no {} left", "my mother takes {} after breakfast", "{} gave him a bad headache",
+             "you should not stop taking {} too soon", "the doctor changed my {} last month",
+             "is it safe to drive after taking {}"],
+    "product": ["we moved our files to {} last week", "my daughter loves {}", "{} sent me an email this morning",
+                "i heard about {} on the radio", "{} raised its prices again", "i ordered dinner through {}"],
+    "place": ["my friend just came back from {}", "the flight to {} was cancelled", "{} is famous for its food",
+              "we spent a week in {} last summer", "it was raining when we landed in {}",
+              "her family still lives in {}"],
+    "technical": ["we use {} for all our new projects", "nobody on the team understands {}",
+                  "{} crashed during the meeting", "he wrote his thesis on {}", "the course on {} starts in may",
+                  "can you help me set up {}"],
+}
+FRESH_DISTRACTORS = ["Novartis", "Okinawa", "Bezos", "Tamiflu", "Xanax", "Heathrow"]
+FRESH_CONTROLS = [
+    ("we sat at the table in the fresh air", ("Airtable",)),
+    ("the grub at the club was good", ("Grubhub",)),
+    ("put it in the middle where we can all see it", ("middleware",)),
+    ("the coat lining was old", ("Kotlin",)),
+    ("we ate pie on the porch", ("PyTorch",)),
+    ("the rose was still fresh", ("rosuvastatin",)),
+    ("the pin is in the rest of the box", ("Pinterest",)),
+    ("she gave me a figure for the rent", ("Figma",)),
+    ("the bus was late again this morning", ()),
+    ("we should buy more bread tomorrow", ()),
+    ("she opened the window to let in some air", ()),
+    ("the garden looks lovely after the rain", ()),
+    ("he forgot his umbrella at the office", ()),
+    ("the children laughed at the funny dog", ()),
+    ("please turn off the lights when you go", ()),
+    ("my neighbour plays the piano every evening", ()),
+    ("the soup was too hot to eat", ()),
+    ("they watched a film together on saturday", ()),
+]
+
 # espeak-ng (accent, variant): UNSEEN never rendered a training utterance (the held-out West
 # Midlands accent, the held-out variants, variants the corpus never used); SEEN did. Measured on the
 # demo model (12 sentences each): these variants keep the model's WER near the seen voices' (5-19%);
@@ -157,7 +243,7 @@ def split_of(index: int) -> str:
 
 
 def build() -> list[dict]:
-    """Every sentence of both halves, in a fixed order. A sentence is a dict: id, split, kind (a
+    """Every sentence of the halves and the fresh part, in a fixed order. A sentence is a dict: id, split, kind (a
     phrase kind or "control"), text (the reference, as the model writes it), spoken (what espeak-ng
     reads: the phrases as listed), phrases (the spoken ones, as listed), listed (what its stream
     boosts), near (the phrases a control sounds like), voice, variant, speed, pitch."""
@@ -181,6 +267,13 @@ def build() -> list[dict]:
         else:
             split, plain = split_of(plain), plain + 1
         sentences.append(_sentence(split, "control", text, [], list(near)))
+    for kind, phrases in FRESH_PHRASES.items():
+        pools["fresh"] += phrases
+        for j, phrase in enumerate(phrases):
+            sentences += [_sentence("fresh", kind, FRESH_CARRIERS[kind][c % 6], [phrase]) for c in (j, j + 1, j + 3)]
+    pools["fresh"] += FRESH_DISTRACTORS
+    sentences += [_sentence("fresh", "control", text, [], list(near)) for text, near in FRESH_CONTROLS]
+    sentences += [_sentence("tune", "control", text, [], list(near)) for text, near in TUNE_CONTROLS]
     for n, s in enumerate(sentences):
         s["id"] = f"{s['split']}-{n:03d}"
         s["listed"] = _listed(s, pools[s["split"]])

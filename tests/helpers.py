@@ -81,8 +81,9 @@ def tokens_of(results: list[StreamResult]) -> list[int]:
     return [t for r in results for t in r.token_ids]
 
 
-def run_stream(engine: ASREngine, audio: np.ndarray, lookahead=None, packet: int = 2560) -> list[StreamResult]:
-    sid = engine.create_stream(lookahead)
+def run_stream(engine: ASREngine, audio: np.ndarray, lookahead=None, packet: int = 2560,
+               phrases: tuple = ()) -> list[StreamResult]:
+    sid = engine.create_stream(lookahead, phrases=phrases)
     for i in range(0, len(audio), packet):
         engine.push_audio(sid, audio[i : i + packet])
     engine.finalize(sid)

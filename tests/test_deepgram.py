@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import warnings
+from urllib.parse import parse_qs
 
 import numpy as np
 import pytest
@@ -15,12 +16,14 @@ from helpers import (
     Raw,
     hold_every_slot,
     result_tokens,
+    run_stream,
     running_server,
     transcribe_raw,
     url,
 )
 
 from parakeet_stream.client import encode_audio
+from parakeet_stream.engine.phrases import check_phrases
 from parakeet_stream.server.streams.wire import ALAW, MULAW
 
 deepgram = pytest.importorskip("deepgram")
@@ -181,12 +184,17 @@ FRAMEWORK_QUERIES = {
 
 @pytest.mark.parametrize("query", FRAMEWORK_QUERIES.values(), ids=FRAMEWORK_QUERIES)
 async def test_framework_plugin_defaults_are_accepted(engine, sentence, query, caplog):
-    """A framework's full default query (formatting, billing, hints) is accepted and served."""
+    """A framework's full default query (formatting, billing, hints) is accepted and served: the
+    transcript is the engine's own, with the query's key terms boosted where it has some."""
     from websockets.sync.client import connect
 
     pcm = encode_audio(sentence, "pcm16")
+    keyterms = parse_qs(query).get("keyterm", [])
     async with running_server(engine) as ctx:
-        text, _ = await native_text(ctx, sentence)
+        if keyterms:
+            text = "".join(r.text for r in run_stream(engine, sentence, phrases=check_phrases(keyterms)))
+        else:
+            text, _ = await native_text(ctx, sentence)
         address = f"ws://127.0.0.1:{ctx.config.ports['ws']}/v1/listen?{query}"
 
         def framework_like() -> list[dict]:

@@ -86,7 +86,7 @@ def test_score_counts_recall_per_kind_insertions_and_both_wers():
 
 def test_the_set_is_large_varied_and_split_by_phrase_and_carrier():
     sentences = ps.build()
-    phrases = [p for kind in ps.PHRASES.values() for p in kind]
+    phrases = [p for kinds in (ps.PHRASES, ps.FRESH_PHRASES) for kind in kinds.values() for p in kind]
     assert len(phrases) >= 60 and len(set(phrases)) == len(phrases) and len(ps.PHRASES) == 5
     assert any(" " in p for p in ps.PHRASES["person"]) and any(" " in p for p in ps.PHRASES["product"])
     controls = [s for s in sentences if s["kind"] == "control"]
@@ -108,7 +108,11 @@ def test_the_set_is_large_varied_and_split_by_phrase_and_carrier():
     held_words = {w for p in spoken_h for w in ps.words_of(p).split()}
     assert not held_words & words_t  # no word of a held-out phrase is even listed in the tuning half
     assert not carriers_t & carriers_h and not controls_t & controls_h
-    assert abs(len(controls_t) - len(controls_h)) <= 2
+    assert len(controls_h) >= 20 and len(controls_t) >= len(controls_h)  # the tuning half has controls of its own
+    spoken_f, words_f, carriers_f, controls_f = half("fresh")  # the fresh part shares nothing with the halves
+    assert len(spoken_f) >= 30 and len(controls_f) >= 15
+    assert not words_f & (words_t | words_h) and not carriers_f & (carriers_t | carriers_h)
+    assert not controls_f & (controls_t | controls_h)
 
 
 def test_every_sentence_lists_its_phrases_and_never_spoken_others_of_its_half():

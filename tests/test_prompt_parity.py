@@ -182,8 +182,9 @@ def test_prompt_config_from_nemo_and_config_json(model, model_dir, converted):
 
 def test_without_a_prompt_the_encoder_output_is_left_as_is(model):
     """NeMo skips the projection until set_inference_prompt; prompts=None does the same."""
-    enc = torch.randn(2, 3, model.cfg.encoder.d_model)
+    enc = torch.randn(2, 3, model.cfg.encoder.d_model, generator=torch.Generator().manual_seed(0))
     assert model.prompted(enc, None) is enc
     mixed = model.prompted(enc, torch.tensor([0, 7]))
-    assert torch.allclose(mixed[0], model.prompted(enc[:1], torch.tensor([0]))[0], atol=1e-6)
+    # a row's projection alone or beside another: float32 sums in another order (1e-6 of values near 1)
+    assert torch.allclose(mixed[0], model.prompted(enc[:1], torch.tensor([0]))[0], atol=1e-5)
     assert not torch.allclose(mixed[1], model.prompted(enc[1:], torch.tensor([0]))[0])

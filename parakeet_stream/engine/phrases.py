@@ -30,13 +30,13 @@ MAX_WEIGHT = 10.0
 # Log-probability a phrase token earns at weight 1.0 (a phrase's first token: FIRST_SHARE of it,
 # model/boosting.py), plus PRIOR_LOAN of what the model's own prior of the token without audio
 # (GreedyDecoder.label_prior) takes from it. A phrase's labels need, for its reward, EVIDENCE per
-# label plus PRIOR_SHARE of their prior: with 1.0, the audio must make them e**0.6 times likelier
+# label plus PRIOR_SHARE of their prior: with 1.0, the audio must make them e**0.9 times likelier
 # than the model expects of them unheard. A match the audio does not support earns nothing (and
 # gives its loan back). All four picked on the tuning half of scripts/phrase_eval.py's set
 # (docs/performance.md, "Key phrases").
 BONUS = 2.0
 PRIOR_LOAN = 1.0
-EVIDENCE = 0.6
+EVIDENCE = 0.9
 PRIOR_SHARE = 1.0
 BEAM = 4  # hypotheses per stream with phrases
 SYMBOLS = 4  # labels per encoder frame at most, in the beam search

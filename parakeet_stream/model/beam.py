@@ -211,13 +211,20 @@ class BeamPass:
         return _merge(Hyps.cat(ended), k)
 
     def _write(self, hyps: Hyps, logp: torch.Tensor, t: int) -> tuple[Hyps, torch.Tensor]:
-        """The best `beam` hypotheses that write a label now (scored with their phrase matches), and
-        their labels [B, K]; their prediction network not yet run (`_predict`)."""
+        """The `beam` hypotheses that write a label now, and their labels [B, K]; their prediction
+        network not yet run (`_predict`). As `_merge` keeps them: half the best by score (with their
+        phrase matches), the rest the best of the others without the loan of their open match, so
+        a label the audio prefers is written beside the ones a phrase pulls in."""
         b, k, labels = logp.shape
         grow = self.boost.expand(self.hyp_slots, hyps.matches, logp.flatten(0, 1), self.widths)
         gain = (grow.after - (hyps.banked + hyps.loan).view(-1, 1)).view(b, k, labels)
-        cand = (hyps.score.unsqueeze(2) + logp + gain)[..., :-1]  # not blank
-        score, at = cand.flatten(1).topk(k)
+        cand = (hyps.score.unsqueeze(2) + logp + gain)[..., :-1].flatten(1)  # not blank
+        loan = (grow.after - grow.banked).view(b, k, labels)[..., :-1].flatten(1)
+        lead = (k + 1) // 2
+        top = cand.topk(lead).indices
+        rest = (cand - loan).scatter(1, top, NEG_INF).topk(k - lead).indices
+        at = torch.cat([top, rest], 1)
+        score = cand.gather(1, at)
         parent, label = at // (labels - 1), at % (labels - 1)
         flat = (parent + torch.arange(b, device=at.device).unsqueeze(1) * k).flatten()
         chosen = flat * labels + label.flatten()
