@@ -128,3 +128,17 @@ def test_the_best_hypothesis_ending_its_utterance_commits_it_at_once():
     without = BeamCommits(2, max_lag_frames=10)  # a model without <EOU>: label 9 is a label like any
     without.start(0, True)
     assert without.take(0, packed([([1, 9], 0, 0.0, 0.0), ([2, 9], 0, -1.0, -1.0)]), 2).labels == []
+
+
+def test_half_the_beam_goes_to_what_the_audio_prefers_without_the_loans():
+    """Labels to write and hypotheses to keep are both chosen this way: half by score, the rest by
+    score less the loan of an open phrase match, so a phrase's pull cannot push out every label the
+    audio prefers ("red ball" lost to "red blo..." when all four followed Blockchain)."""
+    from parakeet_stream.model.beam import _two_halves
+
+    score = torch.tensor([[9.0, 8.0, 7.0, 2.0, 1.0], [1.0, 2.0, 3.0, 4.0, 5.0]])
+    loan = torch.tensor([[8.0, 8.0, 8.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    picked = _two_halves(score, loan, 4)
+    assert picked[0].tolist() == [0, 1, 3, 4]  # two by score (loaned), two without their loans
+    assert picked[1].tolist() == [4, 3, 2, 1]  # no loans: simply the best four
+    assert _two_halves(score, loan, 3)[0].tolist() == [0, 1, 3]

@@ -130,3 +130,18 @@ def test_a_stream_with_phrases_ends_its_utterances_when_the_model_says_so(audios
     print("utterance ends, seconds later with phrases:", late)
     assert all(b < len(s) / 16000 - 0.5 for b, s in zip(boosted, live))  # before the stream's end
     assert max(late) <= chunk + 1e-6
+
+
+def test_a_partial_match_does_not_swallow_the_words_the_audio_says():
+    """A control of the evaluation set that once lost its last word: every hypothesis followed a
+    listed phrase's first letters ("red b-lo..." for Blockchain) and none wrote "ball"."""
+    from phrase_eval import audio_of, text_of
+    from phrase_set import build
+
+    sentence = next(s for s in build() if s["text"] == "the little boy lost his red ball")
+    assert "blockchain" in sentence["listed"]
+    with ASREngine("demo", max_num_streams=2) as engine:
+        plain, boosted = (text_of(run_all(engine, [audio_of(sentence)], lambda k: listed)[0])
+                          for listed in ((), check_phrases(sentence["listed"])))
+    print("plain:", plain, "| boosted:", boosted)
+    assert plain.split()[-1] == "ball" and boosted.split()[-1] == "ball"

@@ -220,10 +220,7 @@ class BeamPass:
         gain = (grow.after - (hyps.banked + hyps.loan).view(-1, 1)).view(b, k, labels)
         cand = (hyps.score.unsqueeze(2) + logp + gain)[..., :-1].flatten(1)  # not blank
         loan = (grow.after - grow.banked).view(b, k, labels)[..., :-1].flatten(1)
-        lead = (k + 1) // 2
-        top = cand.topk(lead).indices
-        rest = (cand - loan).scatter(1, top, NEG_INF).topk(k - lead).indices
-        at = torch.cat([top, rest], 1)
+        at = _two_halves(cand, loan, k)
         score = cand.gather(1, at)
         parent, label = at // (labels - 1), at % (labels - 1)
         flat = (parent + torch.arange(b, device=at.device).unsqueeze(1) * k).flatten()
@@ -269,6 +266,15 @@ def _can_enter(hyps: Hyps, ended: list[Hyps], k: int) -> bool:
     return bool((hyps.score.amax(1) > kth).any())
 
 
+def _two_halves(score: torch.Tensor, loan: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, k] indices into each row of `score`: the best half by score (the larger half), then the
+    best of the others by score less their `loan`."""
+    lead = (k + 1) // 2
+    top = score.topk(lead, 1).indices
+    rest = (score - loan).scatter(1, top, NEG_INF).topk(k - lead, 1).indices
+    return torch.cat([top, rest], 1)
+
+
 def _merge(hyps: Hyps, k: int) -> Hyps:
     """The best k of each stream's hypotheses, those that wrote the same labels merged into the best
     of them (their probabilities summed). Half the beam goes to the best by score, the rest to the
@@ -284,10 +290,7 @@ def _merge(hyps: Hyps, k: int) -> Hyps:
                                                           & (order.view(1, 1, n) < order.view(1, n, 1)))
     first = ~(same & ahead).any(2)
     merged = torch.where(first & alive, merged, NEG_INF)
-    lead = (k + 1) // 2
-    top = merged.topk(lead, 1).indices
-    rest = (merged - hyps.loan).scatter(1, top, NEG_INF).topk(k - lead, 1).indices
-    at = torch.cat([top, rest], 1)
+    at = _two_halves(merged, hyps.loan, k)
     out = hyps.pick(at)
     out.score = merged.gather(1, at)
     return out
