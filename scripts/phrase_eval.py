@@ -22,7 +22,7 @@ at most its part's). Per part and pass:
 - WER of the other words (the phrase sentences' words outside their phrases: `other_word_errors`)
   and WER of the control sentences.
 The targets the decoder must reach (on the parts it was not tuned on) are checked per part (TARGETS).
---evidence adds the model's log-probabilities of the phrases found at weight 1 and, per half, the
+--evidence adds the model's log-probabilities of the phrases found at weight 1 and, per part, the
 most recall any bound on them keeps with at most 2 inserted: fitted to the very finds it is scored
 on, a ceiling for an evidence gate on that decoder's finds (run a looser decoder with --param to
 see what a gate could recover).
@@ -456,8 +456,8 @@ def evaluate(args, params: dict) -> dict:
 
 
 def print_evidence(sentences: list[dict], found: list[dict]) -> dict:
-    """The log-probabilities of the phrases found at weight 1, said and not said, and per half the
-    best bound on them (best_bound): split -> its figures."""
+    """The log-probabilities of the phrases found at weight 1, said and not said, and the
+    best bound on them (best_bound) per part: split -> its figures."""
     for spoken in (True, False):
         rows = [e for e in found if e["spoken"] == spoken]
         if rows:
