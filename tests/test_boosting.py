@@ -11,7 +11,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from parakeet_stream.engine.phrases import MAX_PHRASE_TOKENS, Phrase, PhraseError, boosting_tree, check_phrases
+from parakeet_stream.engine.phrases import (
+    MAX_PHRASE_TOKENS,
+    LabelPriors,
+    Phrase,
+    PhraseError,
+    boosting_tree,
+    check_phrases,
+)
 from parakeet_stream.model.boosting import FIRST_SHARE as H
 from parakeet_stream.model.boosting import BoostingTree, BoostLimits, BoostPool, Matches, PhrasePath, word_starts
 from parakeet_stream.model.tokenizer import Tokenizer
@@ -229,3 +236,19 @@ def test_a_slot_reused_without_phrases_has_none():
     assert pool.has_phrases([0, 1]).tolist() == [True, False]
     pool.load(0, None)
     assert not pool.has_phrases([0]).any() and expand(pool, 0).after == [0.0] * 10
+
+
+def test_label_priors_are_computed_once_per_sequence_and_kept_for_the_most_recent():
+    calls = []
+
+    def prior(sequences):
+        calls.append([tuple(s) for s in sequences])
+        return [np.array([-float(sum(s))]) for s in sequences]
+
+    priors = LabelPriors(prior, size=3)
+    assert [p.tolist() for p in priors([[1], [2, 3], [1]])] == [[-1.0], [-5.0], [-1.0]]
+    assert calls == [[(1,), (2, 3)]]  # a repeat in one call is computed once
+    assert [p.tolist() for p in priors([[2, 3], [4]])] == [[-5.0], [-4.0]] and calls[-1] == [(4,)]
+    priors([[5]])  # four known: the least recently used, [1], goes
+    priors([[1], [4]])
+    assert calls[-1] == [(1,)]

@@ -29,7 +29,7 @@ from .latency import DEFAULT_TARGET
 from .model_runner import ModelRunner
 from .memory import MAX_SLOTS, plan_memory, slot_bytes, stream_bytes
 from .options import auto_num_streams
-from .phrases import Phrase, boosting_tree
+from .phrases import LabelPriors, Phrase, boosting_tree
 from .pipeline import DEPTH, Pipeline, Stage
 from .policy import bulk_lookahead
 from .results import DecoderProgress, ResultBuilder, StreamResult
@@ -83,6 +83,7 @@ class ASREngine:
         self.default_lookahead = self._check_lookahead(lookahead or next(
             (mode for mode in (model.cfg.default_lookahead, *self.lookahead_modes) if mode in self.lookahead_modes)))
         self.languages = Languages(tuple(model.cfg.prompt.languages) if model.cfg.prompt else ())
+        self._label_priors = LabelPriors(self.model.decoder.label_prior)
         most = min(auto_limit or MAX_SLOTS, MAX_SLOTS)
         if self.device.type == "cuda":
             plan = plan_memory(free_memory(self.device), slot_bytes(model), stream_bytes(model),
@@ -202,7 +203,7 @@ class ASREngine:
         language ID), EngineError `unsupported_language` where the model has no such language
         (languages.py)."""
         language = self.languages.resolve(language)
-        tree = boosting_tree(phrases, self.model.tokenizer, self.model.decoder.label_prior)
+        tree = boosting_tree(phrases, self.model.tokenizer, self._label_priors)
         if lookahead is not None:
             mode = self._check_lookahead(lookahead)
         else:
