@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from parakeet_stream.engine import ASREngine, phrases
-from parakeet_stream.engine.phrases import LIMITS, Phrase, as_written, boosting_tree, check_phrases
+from parakeet_stream.engine.phrases import LIMITS, LabelPriors, Phrase, as_written, boosting_tree, check_phrases
 from parakeet_stream.model.beam import BeamPass, BeamPool
 from parakeet_stream.model.boosting import BoostPool, word_starts
 from parakeet_stream.model.greedy import GreedyPass
@@ -266,12 +266,13 @@ def evidence(engine: ASREngine, sentences: list[dict], results: list[list]) -> l
     (the decoder's gate compares it with phrases.EVIDENCE), and whether the sentence said it."""
     found = []
     model = engine.model
+    priors = LabelPriors(model.decoder.label_prior)
     for s, res in zip(sentences, results):
         ids = [t for r in res for t in r.token_ids]
         logp = [float(np.log(max(c, 1e-12))) for r in res for c in r.token_confidences]
         for phrase in s["listed"]:
             tokens = model.tokenizer.encode(as_written(Phrase(phrase), model.tokenizer))
-            prior = float(model.decoder.label_prior([tokens])[0].mean())
+            prior = float(priors([tokens])[0].mean())
             for i in range(len(ids) - len(tokens) + 1):
                 if ids[i : i + len(tokens)] == tokens:
                     mean = sum(logp[i : i + len(tokens)]) / len(tokens)

@@ -229,7 +229,7 @@ class BeamPass:
         out.score = score
         out.node, out.banked, out.last, out.heard = (x.flatten()[chosen].view(b, k)
                                                      for x in (grow.node, grow.banked, grow.last, grow.heard))
-        out.loan = (grow.after - grow.banked).flatten()[chosen].view(b, k)
+        out.loan = loan.gather(1, at)
         out.hash = out.hash * HASH + label + 1
         if self.eou is not None:
             out.eou = torch.where(label == self.eou, out.eou, 0.0)
