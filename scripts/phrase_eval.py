@@ -15,12 +15,14 @@ a fresh part added after the defaults were chosen: tune knobs on `tune`, report 
 phrase sentence lists its phrase and 10 never-spoken ones of its part, a control sentence 20-50,
 at most its part's). Per part and pass:
 - recall: spoken phrases found in the transcript as whole words (all, and per kind);
-- inserted: listed phrases never spoken in the sentence but found in its transcript;
+- inserted: listed phrases never spoken in the sentence but found in its transcript (in brackets:
+  those the sentence was written to sound like, "what's up" for WhatsApp; the rest come from lists
+  of unrelated names, as a voice agent's are);
 - runaway: listed phrases found more often than max(1, times spoken) ("zoe unal zoe unal");
 - fragments: words of 3+ letters, none of the set's own, that begin the first word of a listed
   phrase not spoken in the sentence ("drink mai" for "mailchimp");
 - WER of the other words (the phrase sentences' words outside their phrases: `other_word_errors`)
-  and WER of the control sentences.
+  and WER of the control sentences (in brackets: those whose list holds no sound-alike).
 The targets the decoder must reach (on the parts it was not tuned on) are checked per part (TARGETS).
 --evidence adds the model's log-probabilities of the phrases found at weight 1 and, per part, the
 most recall any bound on them keeps with at most 2 inserted: fitted to the very finds it is scored
@@ -125,7 +127,7 @@ def other_word_errors(ref: str, phrases: list[str], hyp: str) -> tuple[int, int]
 def score(sentences: list[dict], hyps: list[str]) -> dict:
     """One pass's figures over `sentences` (phrase sentences and controls) and their transcripts."""
     spoken = {kind: [0, 0] for kind in PHRASES}  # kind -> [found, spoken]
-    other, control = [0, 0], [0, 0]
+    other, control, unrelated = [0, 0], [0, 0], [0, 0]
     events = {"inserted": inserted, "runaway": runaway, "fragments": partial(fragments, common=common_words())}
     found_events = {name: [] for name in events}
     for s, hyp in zip(sentences, hyps):
@@ -133,16 +135,20 @@ def score(sentences: list[dict], hyps: list[str]) -> dict:
             spoken[s["kind"]][0] += contains(hyp, p) > 0
             spoken[s["kind"]][1] += 1
         errors, words = other_word_errors(s["text"], s["phrases"], hyp)
-        tally = control if s["kind"] == "control" else other
-        tally[0], tally[1] = tally[0] + errors, tally[1] + words
+        tallies = [control, unrelated] if s["kind"] == "control" and not s["near"] else \
+            [control] if s["kind"] == "control" else [other]
+        for tally in tallies:
+            tally[0], tally[1] = tally[0] + errors, tally[1] + words
         for name, find in events.items():
-            found_events[name] += [{"id": s["id"], "what": w, "ref": s["text"], "hyp": hyp}
+            found_events[name] += [{"id": s["id"], "what": w, "ref": s["text"], "hyp": hyp, "near": w in s["near"]}
                                    for w in find(s["text"], hyp, s["listed"])]
     found, total = (sum(v[i] for v in spoken.values()) for i in (0, 1))
     return {"recall": _ratio(found, total), "found": found, "spoken": total,
             "recall_by_kind": {kind: _ratio(*v) for kind, v in spoken.items()},
             **{name: len(v) for name, v in found_events.items()},
+            "inserted_sound_alike": sum(e["near"] for e in found_events["inserted"]),
             "wer_other_words": _ratio(*other), "wer_controls": _ratio(*control),
+            "wer_unrelated_controls": _ratio(*unrelated),
             "events": found_events}
 
 
@@ -382,14 +388,14 @@ def cost_phrases() -> list[str]:
 def table(figures: dict) -> str:
     """One half's passes as a markdown table."""
     kinds = list(PHRASES)
-    head = ["pass", "recall", *kinds, "inserted", "runaway", "fragments", "WER other words", "WER controls",
-            "text sent after its audio, p50 / p90"]
+    head = ["pass", "recall", *kinds, "inserted (sound-alike)", "runaway", "fragments", "WER other words",
+            "WER controls (unrelated lists)", "text sent after its audio, p50 / p90"]
     rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name, f in figures.items():
         cells = [name, f"{f['recall']:.2f} ({f['found']}/{f['spoken']})",
                  *(f"{f['recall_by_kind'][k]:.2f}" for k in kinds),
-                 str(f["inserted"]), str(f["runaway"]), str(f["fragments"]),
-                 f"{f['wer_other_words']:.3f}", f"{f['wer_controls']:.3f}",
+                 f"{f['inserted']} ({f['inserted_sound_alike']})", str(f["runaway"]), str(f["fragments"]),
+                 f"{f['wer_other_words']:.3f}", f"{f['wer_controls']:.3f} ({f['wer_unrelated_controls']:.3f})",
                  "{p50} / {p90} s".format(**f["commit_delay_s"])]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

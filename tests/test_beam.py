@@ -21,7 +21,8 @@ TREES = [[([3, 5, 1], 2.0), ([7, 7], 1.0)], None, [([2, 9], 3.0), ([2, 4, 4, 6],
 BEAM, SYMBOLS = 3, 3
 
 
-def search(decoder, enc, lengths, trees, fixed: bool, chunk: int = 4, max_lag: int = 6) -> list[list[int]]:
+def search(decoder, enc, lengths, trees, fixed: bool, chunk: int = 4, max_lag: int = 6,
+           evidence: float = -4.0) -> list[list[int]]:
     """The beam search over `enc` in chunks of `chunk` frames, its beams carried between them in a
     BeamPool and committed as the engine commits them; every stream's labels."""
     b = enc.size(0)
@@ -29,7 +30,7 @@ def search(decoder, enc, lengths, trees, fixed: bool, chunk: int = 4, max_lag: i
     beams, commits = BeamPool(decoder, b + 1, BEAM, torch.device("cpu")), BeamCommits(BEAM, max_lag)
     slots = torch.arange(b)
     for slot, phrases in enumerate(trees):
-        boost.load(slot, BoostingTree([PhrasePath(*p) for p in phrases], LIMITS, evidence=-4.0) if phrases else None)
+        boost.load(slot, BoostingTree([PhrasePath(*p) for p in phrases], LIMITS, evidence) if phrases else None)
         commits.start(slot, True)
     beams.reset(slots)
     out: list[list[int]] = [[] for _ in range(b)]
@@ -42,6 +43,8 @@ def search(decoder, enc, lengths, trees, fixed: bool, chunk: int = 4, max_lag: i
         for row, packed in enumerate(found.packed().numpy()):
             done = commits.take(row, packed, int(valid[row]))
             beams.drop(row, done.drop)
+            if done.lead is not None:
+                beams.lead(row, done.lead)
             out[row] += [label for label, _, _ in done.labels]
     return [labels + [label for label, _, _ in commits.finish(row)] for row, labels in enumerate(out)]
 
@@ -62,13 +65,52 @@ def test_a_batch_gives_each_stream_its_labels_alone_eagerly_and_in_fixed_shapes(
     assert any(together) and all(len(labels) <= n * SYMBOLS for labels, n in zip(together, lengths.tolist()))
 
 
-def packed(beams: list[tuple[list[int], int, float, float]], frames: int = 2) -> np.ndarray:
-    """A stream's row of BeamPass.packed: per hypothesis (labels this pass, origin, score, final)."""
+@pytest.mark.parametrize("blank_bias", [-1.0, 1.0])
+def test_phrases_never_heard_leave_the_greedy_decoders_labels(blank_bias):
+    """A stream's phrases that are never heard (here: no label is ever likely enough to earn a
+    reward) change nothing: the beam keeps the greedy path and its text is the greedy decoder's,
+    though the phrases' loans pull other hypotheses ahead of it."""
+    decoder = random_decoder(blank_bias)
+    gen = torch.Generator().manual_seed(11)
+    b, frames = len(TREES), 24
+    enc = torch.randn(b, frames, 32, generator=gen)
+    lengths = torch.tensor([24, 20, 13, 24])
+    with torch.inference_mode():
+        emission, _ = decoder.decode(enc, lengths, decoder.initial_state(b))
+        greedy = [[label for label, _ in labels] for labels in emission.per_stream(b)]
+        unheard = search(decoder, enc, lengths, TREES, fixed=False, evidence=0.0)
+        heard = search(decoder, enc, lengths, TREES, fixed=False)
+    assert unheard == greedy
+    assert heard != greedy  # the same phrases, where they can be heard, do change the text
+
+
+def test_the_text_is_the_greedy_paths_unless_another_hypothesis_holds_more_phrases():
+    commits = BeamCommits(2, max_lag_frames=2)
+    commits.start(0, True)
+    commits.take(0, packed([([1], 0, 0.0, 0.0), ([2], 0, -1.0, -1.0, True, 0.0)]), 2)
+    late = commits.take(0, packed([([7], 0, 0.0, 0.0), ([8], 1, -0.5, -0.5, True, 0.0)]), 2)
+    assert [label for label, _, _ in late.labels] == [2] and late.drop == [0] and late.lead is None
+    commits.start(1, True)
+    commits.take(1, packed([([3], 0, 0.0, 0.0, False, 2.0), ([4], 0, -1.0, -1.0, True, 0.0)]), 2)
+    phrase = commits.take(1, packed([([5], 0, 0.0, 0.0, False, 2.0), ([6], 1, -0.5, -0.5, True, 0.0)]), 2)
+    assert [label for label, _, _ in phrase.labels] == [3] and phrase.drop == [1] and phrase.lead == -1
+    assert [label for label, _, _ in commits.finish(1)] == [5]  # no greedy path left: the best
+    ends = BeamCommits(2, max_lag_frames=10, eou=9)  # until the utterance ends: then the text sent is its start
+    ends.start(0, True)
+    ended = ends.take(0, packed([([3, 9], 0, 0.0, 0.0, False, 2.0), ([4], 0, -1.0, -1.0, True, 0.0)]), 2)
+    assert [label for label, _, _ in ended.labels] == [3, 9] and ended.drop == [1] and ended.lead == 0
+
+
+def packed(beams: list[tuple], frames: int = 2) -> np.ndarray:
+    """A stream's row of BeamPass.packed: per hypothesis (labels this pass, origin, score, final[,
+    greedy, context]); by default none is the greedy path and none holds a phrase."""
     width = max(1, max(len(labels) for labels, *_ in beams))
     rows = []
-    for labels, origin, score, final in beams:
+    for labels, origin, score, final, *rest in beams:
+        greedy, context = rest or (False, 0.0)
         pad = width - len(labels)
-        head = [len(labels), origin, *np.array([score, final, 0.25], np.float32).view(np.int32)]
+        eou, ctx = np.array([0.25, context], np.float32).view(np.int32)
+        head = [len(labels), origin, *np.array([score, final], np.float32).view(np.int32), eou, int(greedy), ctx]
         probs = np.full(width, 0.5, np.float32).view(np.int32)
         rows.append(head + labels + [0] * pad + [frames - 1] * width + probs.tolist())
     return np.array(rows, dtype=np.int32)

@@ -70,18 +70,23 @@ def test_other_word_errors_leave_out_the_phrase_and_what_stands_in_its_place():
 def test_score_counts_recall_per_kind_insertions_and_both_wers():
     sentences = [
         {"id": "a", "kind": "drug", "text": "take warfarin daily", "phrases": ["warfarin"],
-         "listed": ["warfarin", "Spotify"]},
+         "listed": ["warfarin", "Spotify"], "near": []},
         {"id": "b", "kind": "person", "text": "call hartigan now", "phrases": ["Hartigan"],
-         "listed": ["Hartigan", "Spotify"]},
-        {"id": "c", "kind": "control", "text": "drink more water", "phrases": [], "listed": ["Mailchimp", "Spotify"]},
+         "listed": ["Hartigan", "Spotify"], "near": []},
+        {"id": "c", "kind": "control", "text": "drink more water", "phrases": [], "listed": ["Mailchimp", "Spotify"],
+         "near": []},
+        {"id": "d", "kind": "control", "text": "what's up with you", "phrases": [], "listed": ["WhatsApp", "Spotify"],
+         "near": ["WhatsApp"]},
     ]
-    figures = pe.score(sentences, ["take warfarin daily", "call hearty gun now spotify", "drink mai water"])
+    figures = pe.score(sentences, ["take warfarin daily", "call hearty gun now spotify", "drink mai water",
+                                   "whatsapp with you"])
     assert (figures["found"], figures["spoken"], figures["recall"]) == (1, 2, 0.5)
     assert figures["recall_by_kind"]["drug"] == 1.0 and figures["recall_by_kind"]["person"] == 0.0
-    assert (figures["inserted"], figures["runaway"], figures["fragments"]) == (1, 0, 1)
-    assert figures["events"]["inserted"][0]["id"] == "b"
+    assert (figures["inserted"], figures["inserted_sound_alike"], figures["runaway"], figures["fragments"]) == (2, 1, 0, 1)
+    assert [e["id"] for e in figures["events"]["inserted"]] == ["b", "d"]
     assert figures["wer_other_words"] == 0.25  # "spotify" after "now": 1 of 4 words
-    assert figures["wer_controls"] == round(1 / 3, 4)
+    assert figures["wer_controls"] == round(3 / 7, 4)  # "mai"; "whatsapp" for "what's up"
+    assert figures["wer_unrelated_controls"] == round(1 / 3, 4)  # the sound-alike control left out
 
 
 def test_the_set_is_large_varied_and_split_by_phrase_and_carrier():

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..model.beam import HEAD
+
 Label = tuple[int, int, float]  # (label, frame in the stream, probability)
 
 
@@ -31,6 +33,8 @@ class Written:
     beams: list[list[Label]]
     alive: list[bool]
     final: list[float] = field(default_factory=list)  # each hypothesis's score if the stream ended now
+    context: list[float] = field(default_factory=list)  # each one's phrases, as their scores would be at the end
+    greedy: list[bool] = field(default_factory=list)  # which one is the greedy path
     frames: int = 0  # encoder frames decoded so far
 
 
@@ -39,6 +43,7 @@ class Committed:
     labels: list[Label]  # (label, frame within the chunk, probability), as ResultBuilder takes them
     eou: float  # the best hypothesis's end-of-utterance probability
     drop: list[int]  # hypotheses to take out of the beam
+    lead: int | None = None  # the hypothesis that is the greedy path from now on (None: as it was; -1: none)
 
 
 class BeamCommits:
@@ -60,14 +65,14 @@ class BeamCommits:
         return slot in self.streams
 
     def take(self, slot: int, packed: np.ndarray, frames: int) -> Committed:
-        """packed: the stream's row of BeamPass.packed() on the host [K, 5 + 3 L]; frames: the
+        """packed: the stream's row of BeamPass.packed() on the host [K, HEAD + 3 L]; frames: the
         chunk's encoder frames. -> what is committed by this chunk."""
         w = self.streams[slot]
-        base, width = w.frames, (packed.shape[1] - 5) // 3
-        count, origin = packed[:, 0], packed[:, 1]
-        score, final, eou = (packed[:, k].view(np.float32) for k in (2, 3, 4))
-        labels, at = packed[:, 5 : 5 + width], packed[:, 5 + width : 5 + 2 * width]
-        probs = packed[:, 5 + 2 * width :].view(np.float32)
+        base, width = w.frames, (packed.shape[1] - HEAD) // 3
+        count, origin, greedy = packed[:, 0], packed[:, 1], packed[:, 5].astype(bool)
+        score, final, eou, context = (packed[:, k].view(np.float32) for k in (2, 3, 4, 6))
+        labels, at = packed[:, HEAD : HEAD + width], packed[:, HEAD + width : HEAD + 2 * width]
+        probs = packed[:, HEAD + 2 * width :].view(np.float32)
         beams, alive = [], []
         for k in range(self.beam):
             n, o = int(count[k]), int(origin[k])
@@ -75,9 +80,10 @@ class BeamCommits:
             beams.append(w.beams[o] + new)
             alive.append(bool(np.isfinite(score[k])) and w.alive[o])
         live = [k for k in range(self.beam) if alive[k]]
-        best = max(live, key=lambda k: final[k])  # loans given back
+        best = _chosen(live, final, context, greedy)
         top = max(score[k] for k in live)
-        contenders = [k for k in live if score[k] >= top - self.margin or final[k] >= final[best] - self.margin]
+        contenders = [k for k in live if score[k] >= top - self.margin or final[k] >= final[best] - self.margin
+                      or greedy[k]]
         agreed = _common_prefix([beams[k] for k in contenders])
         late = base + frames - self.max_lag
         forced = next((i for i, (_, f, _) in enumerate(beams[best]) if f >= late), len(beams[best]))
@@ -88,8 +94,22 @@ class BeamCommits:
         for k in drop:
             alive[k] = False
         out = [(lab, f - base, p) for lab, f, p in beams[best][:n]]
+        lead = self._lead(best, beams[best][:n], greedy, drop)
+        if lead is not None:
+            greedy = np.arange(self.beam) == lead
         w.beams, w.alive, w.final, w.frames = [b[n:] for b in beams], alive, final.tolist(), base + frames
-        return Committed(out, float(eou[best]), drop)
+        w.context, w.greedy = context.tolist(), greedy.tolist()
+        return Committed(out, float(eou[best]), drop, lead)
+
+    def _lead(self, best: int, sent: list[Label], greedy: np.ndarray, drop: list[int]) -> int | None:
+        """What becomes of the greedy path once `sent` is committed from hypothesis `best`: None,
+        as it was; -1, none (it disagreed with text sent from a hypothesis holding a phrase: the best
+        hypothesis speaks for the rest of the utterance); else the hypothesis that is the greedy path
+        from now on (an utterance ended: `best`, so the next utterance starts from the text sent)."""
+        path = np.flatnonzero(greedy)
+        if sent and sent[-1][0] == self.eou:
+            return None if path.size and path[0] == best else best
+        return -1 if path.size and path[0] in drop else None
 
     def finish(self, slot: int) -> list[Label]:
         """The stream ended: the rest of its best hypothesis by final score, frames relative to the
@@ -98,8 +118,17 @@ class BeamCommits:
         alive = [k for k in range(self.beam) if w.alive[k]]
         if not w.final or not alive:
             return []
-        best = max(alive, key=lambda k: w.final[k])
+        best = _chosen(alive, w.final, w.context, w.greedy)
         return [(lab, f - w.frames, p) for lab, f, p in w.beams[best]]
+
+
+def _chosen(live: list[int], final, context, greedy) -> int:
+    """The hypothesis text is taken from: the best by final score (loans given back) where it holds
+    more of the phrases than the greedy path does, else the greedy path (so a stream whose phrases
+    are not heard gets what a stream without phrases gets)."""
+    best = max(live, key=lambda k: final[k])
+    path = next((k for k in live if greedy[k]), None)
+    return best if path is None or context[best] > context[path] else path
 
 
 def _common_prefix(beams: list[list[Label]]) -> int:

@@ -232,6 +232,8 @@ class ModelRunner:
             done = self.commits.take(item.slot, beams.reshape(self.beams.beam, -1), item.frames[len(item.tokens)])
             if done.drop:
                 self.beams.drop(item.slot, done.drop)
+            if done.lead is not None:
+                self.beams.lead(item.slot, done.lead)
             item.tokens.append(done.labels)
             item.eou.append(done.eou)
 

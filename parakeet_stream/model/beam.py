@@ -29,6 +29,7 @@ from .rnnt import GreedyDecoder
 
 NEG_INF = float("-inf")
 HASH = 1_000_003  # the rolling hash's multiplier (int64 arithmetic wraps)
+HEAD = 7  # BeamPass.packed's fields per hypothesis before its labels
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Hyps:
     loan: torch.Tensor  # what the open match has earned: given back if it breaks
     hash: torch.Tensor
     eou: torch.Tensor  # the end-of-utterance label's best probability since the last other label
+    greedy: torch.Tensor  # bool: the greedy decoder's path (the most likely label each time), always kept
     origin: torch.Tensor  # the hypothesis at the pass's start it descends from
     h: torch.Tensor
     c: torch.Tensor
@@ -121,6 +123,7 @@ class BeamPool:
         self.loan = torch.zeros(rows, beam, device=device)
         self.hash = torch.zeros(rows, beam, dtype=torch.long, device=device)
         self.eou = torch.zeros(rows, beam, device=device)
+        self.greedy = torch.zeros(rows, beam, dtype=torch.bool, device=device)
 
     @staticmethod
     def slot_bytes(decoder: GreedyDecoder, beam: int) -> int:
@@ -137,10 +140,18 @@ class BeamPool:
         self.node[slots], self.banked[slots], self.last[slots], self.heard[slots] = 0, 0.0, -1, 0.0
         self.loan[slots] = 0.0
         self.hash[slots], self.eou[slots] = 0, 0.0
+        self.greedy[slots] = False
+        self.greedy[slots, 0] = True
 
     def drop(self, slot: int, beams: list[int]) -> None:
         """Hypotheses `beams` of `slot` leave the beam (they disagree with what was committed)."""
         self.score[slot, beams] = NEG_INF
+
+    def lead(self, slot: int, beam: int) -> None:
+        """Hypothesis `beam` of `slot` is the greedy path from now on (-1: none is)."""
+        self.greedy[slot] = False
+        if beam >= 0:
+            self.greedy[slot, beam] = True
 
     def gather(self, slots: torch.Tensor) -> Hyps:
         rows = self._rows(slots)
@@ -148,14 +159,14 @@ class BeamPool:
         origin = torch.arange(k, device=slots.device).expand(b, k)
         return Hyps(self.score[slots], self.node[slots], self.banked[slots], self.last[slots], self.heard[slots],
                     self.loan[slots], self.hash[slots],
-                    self.eou[slots], origin, self.h[:, rows], self.c[:, rows], self.g[rows])
+                    self.eou[slots], self.greedy[slots], origin, self.h[:, rows], self.c[:, rows], self.g[rows])
 
     def scatter(self, slots: torch.Tensor, hyps: Hyps) -> None:
         rows = self._rows(slots)
         self.h[:, rows], self.c[:, rows], self.g[rows] = hyps.h, hyps.c, hyps.g
         self.score[slots], self.node[slots], self.banked[slots] = hyps.score, hyps.node, hyps.banked
         self.last[slots], self.heard[slots], self.loan[slots] = hyps.last, hyps.heard, hyps.loan
-        self.hash[slots], self.eou[slots] = hyps.hash, hyps.eou
+        self.hash[slots], self.eou[slots], self.greedy[slots] = hyps.hash, hyps.eou, hyps.greedy
 
     def _rows(self, slots: torch.Tensor) -> torch.Tensor:
         return (slots.unsqueeze(1) * self.beam + torch.arange(self.beam, device=slots.device)).flatten()
@@ -200,8 +211,10 @@ class BeamPass:
             logp = self.decoder.joint(f, hyps.g.view(b, k, -1)).float().log_softmax(-1)
             if self.eou is not None:
                 hyps.eou = torch.maximum(hyps.eou, logp[..., self.eou].exp())
-            ended.append(hyps.copy(score=hyps.score + logp[..., -1]))
-            hyps, label = self._write(hyps, logp, t)
+            best = logp.argmax(-1)
+            blank = best == logp.size(-1) - 1
+            ended.append(hyps.copy(score=hyps.score + logp[..., -1], greedy=hyps.greedy & blank))
+            hyps, label = self._write(hyps, logp, t, torch.where(hyps.greedy & ~blank, best, -1))
             last = round_ == self.symbols - 1
             if not (last or fixed or _can_enter(hyps, ended, k)):
                 break  # before the prediction network: none of these labels is kept
@@ -210,17 +223,20 @@ class BeamPass:
                 ended.append(hyps)
         return _merge(Hyps.cat(ended), k)
 
-    def _write(self, hyps: Hyps, logp: torch.Tensor, t: int) -> tuple[Hyps, torch.Tensor]:
+    def _write(self, hyps: Hyps, logp: torch.Tensor, t: int, greedy: torch.Tensor) -> tuple[Hyps, torch.Tensor]:
         """The `beam` hypotheses that write a label now, and their labels [B, K]; their prediction
         network not yet run (`_predict`). As `_merge` keeps them: half the best by score (with their
         phrase matches), the rest the best of the others without the loan of their open match, so
-        a label the audio prefers is written beside the ones a phrase pulls in."""
+        a label the audio prefers is written beside the ones a phrase pulls in; and the greedy
+        path's next label, `greedy` [B, K] (-1: none), whatever its score."""
         b, k, labels = logp.shape
         grow = self.boost.expand(self.hyp_slots, hyps.matches, logp.flatten(0, 1), self.widths)
         gain = (grow.after - (hyps.banked + hyps.loan).view(-1, 1)).view(b, k, labels)
         cand = (hyps.score.unsqueeze(2) + logp + gain)[..., :-1].flatten(1)  # not blank
         loan = (grow.after - grow.banked).view(b, k, labels)[..., :-1].flatten(1)
-        at = _two_halves(cand, loan, k)
+        kept = greedy.amax(1)
+        greedy_at = (greedy.argmax(1) * (labels - 1) + kept).where(kept >= 0, -1)
+        at = _keeping(_two_halves(cand, loan, k), greedy_at)
         score = cand.gather(1, at)
         parent, label = at // (labels - 1), at % (labels - 1)
         flat = (parent + torch.arange(b, device=at.device).unsqueeze(1) * k).flatten()
@@ -230,6 +246,7 @@ class BeamPass:
         out.node, out.banked, out.last, out.heard = (x.flatten()[chosen].view(b, k)
                                                      for x in (grow.node, grow.banked, grow.last, grow.heard))
         out.loan = loan.gather(1, at)
+        out.greedy = at == greedy_at.unsqueeze(1)
         out.hash = out.hash * HASH + label + 1
         if self.eou is not None:
             out.eou = torch.where(label == self.eou, out.eou, 0.0)
@@ -246,24 +263,26 @@ class BeamPass:
         return hyps
 
     def packed(self) -> torch.Tensor:
-        """[B, K, 5 + 3 L] int32, per hypothesis: labels written, origin, score, final score (the
-        context score as at the end of the stream), end-of-utterance probability (float32 bits), then
-        the labels, their frames and their probabilities (bits); one copy brings a pass to the host."""
+        """[B, K, HEAD + 3 L] int32, per hypothesis: labels written, origin, score, final score (the
+        context score as at the end of the stream), end-of-utterance probability (float32 bits),
+        whether it is the greedy path, its context score as at the end (bits), then the labels,
+        their frames and their probabilities (bits); one copy brings a pass to the host."""
         hyps = self.hyps
         end = self.boost.final(self.hyp_slots, hyps.matches).view_as(hyps.score)
         final = hyps.score - hyps.banked - hyps.loan + end
         w = hyps.written[:, :, :-1]
         bits = lambda x: x.float().contiguous().view(torch.int32)  # noqa: E731
-        head = [hyps.count.int(), hyps.origin.int(), bits(hyps.score), bits(final), bits(hyps.eou)]
+        head = [hyps.count.int(), hyps.origin.int(), bits(hyps.score), bits(final), bits(hyps.eou),
+                hyps.greedy.int(), bits(end)]
         return torch.cat([torch.stack(head, -1), w[..., 0].int(), w[..., 1].int(), bits(w[..., 2])], -1)
 
 
 def _can_enter(hyps: Hyps, ended: list[Hyps], k: int) -> bool:
     """Whether any labelled hypothesis scores above some stream's k-th best ended one (ending the
-    frame can only lower it)."""
+    frame can only lower it), or is the greedy path (always kept)."""
     ended_scores = torch.cat([e.score for e in ended], 1)
     kth = ended_scores.topk(min(k, ended_scores.size(1)), 1).values[:, -1]
-    return bool((hyps.score.amax(1) > kth).any())
+    return bool(((hyps.score.amax(1) > kth) | hyps.greedy.any(1)).any())
 
 
 def _two_halves(score: torch.Tensor, loan: torch.Tensor, k: int) -> torch.Tensor:
@@ -273,6 +292,14 @@ def _two_halves(score: torch.Tensor, loan: torch.Tensor, k: int) -> torch.Tensor
     top = score.topk(lead, 1).indices
     rest = (score - loan).scatter(1, top, NEG_INF).topk(k - lead, 1).indices
     return torch.cat([top, rest], 1)
+
+
+def _keeping(at: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """`at` [B, k] with each row's `want` [B] (-1: none) in it, in place of its last entry."""
+    missing = (want >= 0) & ~(at == want.unsqueeze(1)).any(1)
+    at = at.clone()
+    at[:, -1] = torch.where(missing, want, at[:, -1])
+    return at
 
 
 def _merge(hyps: Hyps, k: int) -> Hyps:
@@ -290,7 +317,9 @@ def _merge(hyps: Hyps, k: int) -> Hyps:
                                                           & (order.view(1, 1, n) < order.view(1, n, 1)))
     first = ~(same & ahead).any(2)
     merged = torch.where(first & alive, merged, NEG_INF)
-    at = _two_halves(merged, hyps.loan, k)
+    greedy = (same & hyps.greedy.unsqueeze(1)).any(2) & first & alive
+    at = _keeping(_two_halves(merged, hyps.loan, k), torch.where(greedy.any(1), greedy.int().argmax(1), -1))
     out = hyps.pick(at)
     out.score = merged.gather(1, at)
+    out.greedy = greedy.gather(1, at)
     return out
