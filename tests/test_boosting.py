@@ -177,6 +177,20 @@ def test_a_full_match_banks_its_reward_when_a_word_starts_and_gluing_letters_on_
     assert done.after[2] == reward + 2 * H
 
 
+def test_a_weighted_phrase_completed_holds_its_whole_reward_so_no_word_after_it_is_rushed():
+    """Weight 3: the label completing the heard phrase brings the hypothesis its whole reward as a
+    loan; the word after it then adds nothing (any word start alike, or waiting a frame), where it
+    used to add the weight's share and so pushed the search to start any word at once after a name."""
+    pool = pool_of(([4, 5], 2.0, 3.0))
+    reward = 3 * (2 * H + 2)
+    inside = expand(pool, 1)
+    assert inside.node[5] == 2 and inside.after[5] == reward
+    done = expand(pool, 2, heard=-2.0)
+    assert done.banked[0] == done.banked[1] == reward and done.after[0] == done.after[1] == reward
+    again = expand(pool, 1, last=2)  # right after itself: no more than the bonuses it earned
+    assert again.after[5] == 2 * H + 2
+
+
 def test_a_phrase_right_after_itself_banks_nothing_but_after_another_word_it_does():
     pool = pool_of(([4, 5], 2.0))
     again = expand(pool, 2, banked=9.0, last=2)  # [4 5] banked last, [4 5] again

@@ -24,7 +24,10 @@ GreedyDecoder.label_prior) is what the model expects of the labels whatever it h
 unlike any word it knows gets low probabilities when said too, a phrase made of likely labels gets
 high ones where a sound-alike was said, and the need follows both. The reward is what the full match
 earned token by token times the phrase's weight: a weight scales what a full match earns, not the
-pull of each token. A phrase completed right after the same phrase, with no other word between,
+pull of each token. A full match the model heard holds that whole reward as its loan until it is
+banked, so the next word is chosen by the audio (were only the bonuses lent, the first word start
+after a weighted name would bank the rest, and the search would start any word at once to get it).
+A phrase completed right after the same phrase, with no other word between,
 banks nothing: a name cannot repeat itself on a bonus (the audio must say it twice).
 
 Layout, for fixed shapes: a node's arcs are its Aho-Corasick transitions that lead deeper than one
@@ -282,12 +285,16 @@ class BoostPool:
         depth = reached[..., DEPTH]
         deeper = depth == info[:, DEPTH : DEPTH + 1] + 1
         heard = torch.where(deeper, matches.heard.unsqueeze(1) + logp, torch.where(depth > 0, logp * depth, 0.0))
-        # a phrase completed with labels the model did not hear forfeits its loan at once (else a
-        # hypothesis would hold it by writing nothing more)
-        unheard = (reached[..., DONE_ID].long() == node) & (node > 0) & (heard < reached[..., NEED])
-        value = torch.where(unheard, 0.0, value)
-        done, done_id = info[:, DONE : DONE + 1], info[:, DONE_ID : DONE_ID + 1].long()
+        complete = (reached[..., DONE_ID].long() == node) & (node > 0)
         last = matches.last.unsqueeze(1)
+        # a phrase completed with labels the model heard holds its whole reward from then on (its
+        # weight's share too), so the word that follows it is chosen by the audio, not rushed to bank
+        # the reward; one the model did not hear forfeits its loan at once (else a hypothesis would
+        # hold it by writing nothing more); a repeat right after itself holds no more than it earned
+        unheard = heard < reached[..., NEED]
+        value = torch.where(complete & unheard, 0.0, value)
+        value = torch.where(complete & ~unheard & (node != last), reached[..., DONE], value)
+        done, done_id = info[:, DONE : DONE + 1], info[:, DONE_ID : DONE_ID + 1].long()
         bank = self.starts & (done > 0) & (done_id != last) & ~deeper & self._heard(matches, info).unsqueeze(1)
         banked = matches.banked.unsqueeze(1) + torch.where(bank, done, 0.0)
         outside = self.starts & (node == 0)  # a word outside the phrases
