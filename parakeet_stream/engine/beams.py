@@ -82,8 +82,7 @@ class BeamCommits:
         live = [k for k in range(self.beam) if alive[k]]
         best = _chosen(live, final, context, greedy)
         top = max(score[k] for k in live)
-        contenders = [k for k in live if score[k] >= top - self.margin or final[k] >= final[best] - self.margin
-                      or greedy[k]]
+        contenders = [k for k in live if score[k] >= top - self.margin or final[k] >= final[best] - self.margin]
         agreed = _common_prefix([beams[k] for k in contenders])
         late = base + frames - self.max_lag
         forced = next((i for i, (_, f, _) in enumerate(beams[best]) if f >= late), len(beams[best]))
