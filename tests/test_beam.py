@@ -49,13 +49,16 @@ def search(decoder, enc, lengths, trees, fixed: bool, chunk: int = 4, max_lag: i
     return [labels + [label for label, _, _ in commits.finish(row)] for row, labels in enumerate(out)]
 
 
+def random_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encoder output for one stream per tree of TREES, 24 frames, and their valid lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(len(TREES), 24, 32, generator=gen), torch.tensor([24, 20, 13, 24])
+
+
 @pytest.mark.parametrize("blank_bias", [-1.0, 1.0])
 def test_a_batch_gives_each_stream_its_labels_alone_eagerly_and_in_fixed_shapes(blank_bias):
     decoder = random_decoder(blank_bias)
-    gen = torch.Generator().manual_seed(7)
-    b, frames = len(TREES), 24
-    enc = torch.randn(b, frames, 32, generator=gen)
-    lengths = torch.tensor([24, 20, 13, 24])
+    enc, lengths = random_batch(7)
     with torch.inference_mode():
         together = search(decoder, enc, lengths, TREES, fixed=False)
         assert together == search(decoder, enc, lengths, TREES, fixed=True)
@@ -71,10 +74,8 @@ def test_phrases_never_heard_leave_the_greedy_decoders_labels(blank_bias):
     reward) change nothing: the beam keeps the greedy path and its text is the greedy decoder's,
     though the phrases' loans pull other hypotheses ahead of it."""
     decoder = random_decoder(blank_bias)
-    gen = torch.Generator().manual_seed(11)
-    b, frames = len(TREES), 24
-    enc = torch.randn(b, frames, 32, generator=gen)
-    lengths = torch.tensor([24, 20, 13, 24])
+    enc, lengths = random_batch(11)
+    b = len(TREES)
     with torch.inference_mode():
         emission, _ = decoder.decode(enc, lengths, decoder.initial_state(b))
         greedy = [[label for label, _ in labels] for labels in emission.per_stream(b)]
