@@ -13,6 +13,12 @@ once, the same way: an utterance's text and its end must reach a voice agent whe
 the speaker is done, as the greedy decoder's do, not a lag later.
 At the stream's end the best hypothesis by its final score (partial phrase matches given back)
 gives the rest.
+
+"The best hypothesis" is the greedy decoder's path (the beam always keeps it, model/beam.py)
+unless the best by final score holds more of the phrases: a stream whose phrases are not heard
+gets the text a stream without phrases gets. Once text holding a phrase is sent, the greedy path
+(which disagreed) leaves the beam, and the best by final score speaks until the utterance ends;
+then the hypothesis that ended it is the greedy path again.
 """
 
 from __future__ import annotations
