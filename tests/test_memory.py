@@ -69,7 +69,7 @@ def test_slot_bytes_is_what_the_pools_take_per_slot(nemotron_model):
     def size(cache, state, boost, beam):
         tensors = (cache.keys, cache.values, cache.conv, state.h, state.c, state.g, boost.root, boost.nodes,
                    boost.arcs, beam.h, beam.c, beam.g, beam.score, beam.node, beam.banked, beam.last, beam.heard,
-                   beam.loan, beam.hash, beam.eou)
+                   beam.loan, beam.hash, beam.eou, beam.greedy)
         return sum(t.numel() * t.element_size() for t in tensors)
 
     grown = size(caches[1], pools[1], boosts[1], beams[1]) - size(caches[0], pools[0], boosts[0], beams[0])

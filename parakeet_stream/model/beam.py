@@ -128,8 +128,8 @@ class BeamPool:
     @staticmethod
     def slot_bytes(decoder: GreedyDecoder, beam: int) -> int:
         cfg = decoder.cfg
-        # the LSTM state and predictor output, five float32 and three int64 fields per hypothesis
-        return beam * (4 * (2 * cfg.pred_rnn_layers * cfg.pred_hidden + cfg.joint_hidden) + 5 * 4 + 3 * 8)
+        # the LSTM state and predictor output, five float32, three int64 and one bool field per hypothesis
+        return beam * (4 * (2 * cfg.pred_rnn_layers * cfg.pred_hidden + cfg.joint_hidden) + 5 * 4 + 3 * 8 + 1)
 
     def reset(self, slots: torch.Tensor) -> None:
         """The streams at `slots` start over: one hypothesis, nothing written."""
