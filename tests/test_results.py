@@ -74,6 +74,20 @@ def test_no_utterance_ends_before_any_token(plain_tok):
     assert not any(builder.build(1, progress, [], 4, False, 0.0).utterance_end for _ in range(5))
 
 
+def test_a_chunk_without_tokens_says_how_far_decoding_got_and_how_sure_the_end_is(plain_tok, eou_tok):
+    word = plain_tok.encode("hello")[0]
+    builder, progress = ResultBuilder(FS, None, 8), DecoderProgress(plain_tok, language="en")
+    builder.build(1, progress, [(word, 1, 1.0)], 4, False, 0.0)  # the token at frame 1
+    quiet = [builder.build(1, progress, [], 4, False, 0.02) for _ in range(2)]
+    assert [r.end_of_utterance for r in quiet] == pytest.approx([6 / 8, 1.0])  # frames 2..7, then 2..11
+    assert [r.utterance_end for r in quiet] == [False, True]
+    assert [r.audio_seconds for r in quiet] == pytest.approx([8 * FS, 12 * FS])
+    assert quiet[0].latency == 0.02 and quiet[0].language == "en" and quiet[0].text == "" and not quiet[0].is_final
+    eou_builder, eou_progress = ResultBuilder(FS, eou_tok.eou_id, 1), DecoderProgress(eou_tok)
+    heard = eou_builder.build(2, eou_progress, [], 4, False, 0.0, eou=0.37)
+    assert heard.end_of_utterance == pytest.approx(0.37) and not heard.utterance_end and heard.stream_id == 2
+
+
 def test_outbox_merges_beyond_its_limit_and_take_empties_it():
     box = Outbox()
     for i in range(MAX_PENDING_RESULTS + 3):

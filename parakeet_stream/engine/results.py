@@ -88,6 +88,8 @@ class ResultBuilder:
         """tokens: (id, frame within the chunk, probability); frames: encoder frames of the chunk;
         final: the stream's last result; eou: the greedy pass's <EOU> probability since the chunk's
         last other token (models with <EOU>)."""
+        if not tokens and not final:
+            return self._nothing_new(stream_id, progress, frames, latency, eou)
         ids = [tok for tok, _, _ in tokens]
         at = [progress.frames_decoded + t for _, t, _ in tokens]
         progress.frames_decoded += frames
@@ -111,6 +113,16 @@ class ResultBuilder:
             end_of_utterance=eou if self.eou_id is not None else 1.0 if ended else self._silence(progress),
             language=progress.language,
         )
+
+    def _nothing_new(self, stream_id: int, progress: DecoderProgress, frames: int, latency: float | None,
+                     eou: float) -> StreamResult:
+        """build() of a chunk without tokens (most of them): how far decoding got, how sure the model is
+        that the utterance is over, and whether blank frames just ended it (models without <EOU>)."""
+        progress.frames_decoded += frames
+        ended = self.eou_id is None and self._utterance_end(progress, (), ())
+        return StreamResult(stream_id, [], "", False, ended, audio_seconds=progress.frames_decoded * self.fs,
+                            latency=latency, language=progress.language,
+                            end_of_utterance=eou if self.eou_id is not None else 1.0 if ended else self._silence(progress))
 
     def _silence(self, progress: DecoderProgress) -> float:
         """Without <EOU>: the blank frames after the open utterance's last token, as a share of the

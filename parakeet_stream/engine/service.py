@@ -168,8 +168,9 @@ class _Client:
     # -- sending: what the engine has for the client's streams ---------------------------
     def _mark(self, sid: int) -> None:
         with self._cv:
+            if not self._changed:  # the writer waits only while there is nothing to send
+                self._cv.notify()
             self._changed.add(sid)
-            self._cv.notify()
 
     def _write(self) -> None:
         while True:

@@ -189,16 +189,23 @@ def probability(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
 def unpack(packed: np.ndarray) -> list[list[tuple[int, int]]]:
     """GreedyPass.packed() on the host -> [(label, frame)] per stream."""
     width = (packed.shape[1] - 1) // 2
-    return [list(zip(row[1 : 1 + n].tolist(), row[1 + width : 1 + width + n].tolist()))
-            for row, n in zip(packed, packed[:, 0].tolist())]
+    return _rows(packed[:, 0], packed[:, 1 : 1 + width], packed[:, 1 + width : 1 + 2 * width])
 
 
 def unpack_scored(scored: np.ndarray) -> list[list[tuple[int, int, float]]]:
     """GreedyPass.scored() on the host -> [(label, frame, probability)] per stream."""
     width = (scored.shape[1] - 3) // 3
-    probs = scored[:, 1 + 2 * width : -2].view(np.float32)
-    return [[(*found, p) for found, p in zip(stream, row.tolist())]
-            for stream, row in zip(unpack(scored[:, : 1 + 2 * width]), probs)]
+    return _rows(scored[:, 0], scored[:, 1 : 1 + width], scored[:, 1 + width : 1 + 2 * width],
+                 scored[:, 1 + 2 * width : 1 + 3 * width].view(np.float32))
+
+
+def _rows(counts: np.ndarray, *fields: np.ndarray) -> list[list[tuple]]:
+    """Each row's first counts[row] entries of every field, zipped: the host's labels of a whole
+    batch taken out in one conversion per field (most rows of a chunk have none), not per row."""
+    held = np.arange(fields[0].shape[1]) < counts[:, None]
+    found = list(zip(*(field[held].tolist() for field in fields)))
+    ends = np.cumsum(counts).tolist()
+    return [found[start:end] for start, end in zip([0, *ends], ends)]
 
 
 def eou_probabilities(scored: np.ndarray) -> list[float]:
