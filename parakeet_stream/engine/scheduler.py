@@ -119,6 +119,11 @@ class Scheduler:
         self._behind = _behind([], 0.0)
         self._stopped = False
         self._cv = threading.Condition()
+        # a push's news without the lock while the scheduling loop is not waiting (it holds the lock
+        # through a plan, which at a thousand streams takes milliseconds): `_news` tells it to plan
+        # again before it waits
+        self._planning = True
+        self._news = False
 
     # --- admission and lifecycle (client threads) -------------------------------------
     def add(self, seq: Sequence) -> bool:
@@ -140,8 +145,11 @@ class Scheduler:
             return self.waiting.index(seq) + 1 if seq.status is Status.WAITING and seq in self.waiting else 0
 
     def chunk_ready(self) -> None:
-        with self._cv:
-            self._cv.notify_all()
+        """A push made a chunk ready (its inbox marked the stream first)."""
+        self._news = True
+        if not self._planning:
+            with self._cv:
+                self._cv.notify_all()
 
     def finalize(self, seq: Sequence) -> bool:
         """The client's final: the rest of its audio is transcribed. False after a final or once dead."""
@@ -180,14 +188,17 @@ class Scheduler:
                     return None
                 admitted = self._admit_waiting()
                 if not admitted:
-                    timeout = None
+                    self._news, timeout = False, None  # the plan sees every mark made before this
                     if len(self._in_flight) < self.max_in_flight:
                         step, timeout = self._plan(time.monotonic())
                         if step is not None:
                             return step
                     if self.waiting and self.free:  # the pace's next admissions
                         timeout = min(timeout if timeout is not None else PACE, PACE)
-                    self._cv.wait(timeout)
+                    self._planning = False  # from here a push's news takes the lock and wakes it
+                    if not self._news:
+                        self._cv.wait(timeout)
+                    self._planning = True
                     continue
             for seq in admitted:  # their queue place changed (outside the lock: listeners may call back)
                 seq.outbox.notify()

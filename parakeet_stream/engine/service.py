@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+from collections import deque
 from functools import partial
 
 import numpy as np
@@ -88,8 +89,9 @@ class _Client:
         self._framer = Framer(ToEngine)
         self._send_lock = threading.Lock()
         self._sids: set[int] = set()
-        self._changed: set[int] = set()
-        self._cv = threading.Condition()
+        self._changed: deque[int] = deque()  # streams with news, appended by the engine's threads
+        self._wake = threading.Event()
+        self._asleep = False  # the writer waits, or is about to: the next mark wakes it
 
     def start(self) -> None:
         threading.Thread(target=self._read, name="engine-service-read", daemon=True).start()
@@ -161,25 +163,30 @@ class _Client:
         self.connected = False
         for sid in list(self._sids):
             self.engine.cancel(sid)
-        with self._cv:
-            self._cv.notify()
+        self._wake.set()
         self.sock.close()
 
     # -- sending: what the engine has for the client's streams ---------------------------
     def _mark(self, sid: int) -> None:
-        with self._cv:
-            if not self._changed:  # the writer waits only while there is nothing to send
-                self._cv.notify()
-            self._changed.add(sid)
+        """News for `sid` (called by the engine's threads for every stream of every step): no lock,
+        since one shared with the writer made the decode thread queue behind it. Appended first,
+        then the writer's state read: a writer that has not checked the queue yet finds it there."""
+        self._changed.append(sid)
+        if self._asleep:
+            self._asleep = False
+            self._wake.set()
 
     def _write(self) -> None:
         while True:
-            with self._cv:
-                while not self._changed and self.connected:
-                    self._cv.wait()
-                if not self.connected:
-                    return
-                changed, self._changed = self._changed, set()
+            self._asleep = True
+            if not self._changed and self.connected:
+                self._wake.wait()
+            self._asleep = False
+            self._wake.clear()
+            if not self.connected:
+                return
+            marks = self._changed  # popleft beside the engine threads' appends is safe; once per stream
+            changed = dict.fromkeys(marks.popleft() for _ in range(len(marks)))
             frames = [self._framer.frame(news) for sid in changed if (news := self._news(sid)) is not None]
             try:
                 self._send_frames(frames)
