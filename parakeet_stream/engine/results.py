@@ -110,7 +110,7 @@ class ResultBuilder:
             token_confidences=[p for _, _, p in tokens],
             audio_seconds=progress.frames_decoded * self.fs,
             latency=latency,
-            end_of_utterance=eou if self.eou_id is not None else 1.0 if ended else self._silence(progress),
+            end_of_utterance=self._end_share(progress, ended, eou),
             language=progress.language,
         )
 
@@ -122,11 +122,16 @@ class ResultBuilder:
         ended = self.eou_id is None and self._utterance_end(progress, (), ())
         return StreamResult(stream_id, [], "", False, ended, audio_seconds=progress.frames_decoded * self.fs,
                             latency=latency, language=progress.language,
-                            end_of_utterance=eou if self.eou_id is not None else 1.0 if ended else self._silence(progress))
+                            end_of_utterance=self._end_share(progress, ended, eou))
 
-    def _silence(self, progress: DecoderProgress) -> float:
-        """Without <EOU>: the blank frames after the open utterance's last token, as a share of the
-        endpoint silence (1.0 where it ends; 0 with no token since the last end)."""
+    def _end_share(self, progress: DecoderProgress, ended: bool, eou: float) -> float:
+        """How sure the model is that the utterance is over: with <EOU>, the greedy pass's figure;
+        without, the blank frames after the open utterance's last token as a share of the endpoint
+        silence (1.0 where it ends; 0 with no token since the last end)."""
+        if self.eou_id is not None:
+            return eou
+        if ended:
+            return 1.0
         if not progress.utterance_has_tokens:
             return 0.0
         return min(1.0, (progress.frames_decoded - 1 - progress.last_token_frame) / max(1, self.endpoint_frames))
