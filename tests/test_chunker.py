@@ -211,9 +211,10 @@ def test_at_the_end_every_ready_chunk_is_cut_whole(model_modes):
 
 def test_the_inbox_sample_buffer_gives_back_exactly_what_was_pushed_in_order():
     """Pushes and takes of any sizes, backlogs grown and given back: the samples come out as they
-    went in (taking moves a mark; what is left moves only when a push needs the room)."""
+    went in (taking moves a mark; what is left moves only when a push needs the room), and what
+    was taken (a view, not a copy) stays as it was whatever is pushed after it."""
     rng = np.random.default_rng(7)
-    buffer, expected = SampleBuffer(), np.zeros(0, np.float32)
+    buffer, expected, taken = SampleBuffer(), np.zeros(0, np.float32), []
     for _ in range(5000):
         if rng.random() < 0.55:
             samples = rng.standard_normal(int(rng.integers(0, 5000))).astype(np.float32)
@@ -223,5 +224,7 @@ def test_the_inbox_sample_buffer_gives_back_exactly_what_was_pushed_in_order():
             n = None if rng.random() < 0.1 else int(rng.integers(0, 6000))
             got = buffer.take(n)
             assert np.array_equal(got, expected[: len(got)]) and len(got) == min(len(expected), n or len(expected))
+            taken.append((got, got.copy()))
             expected = expected[len(got):]
         assert len(buffer) == len(expected)
+    assert all(np.array_equal(got, copy) for got, copy in taken)

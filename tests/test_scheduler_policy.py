@@ -34,7 +34,8 @@ def simulate(streams: int, budget: float, max_batch: int, loaded: bool, seconds:
                 made[i] += 1
         ready = [Ready(pending[i][0][1], i) for i in range(streams) if pending[i]]
         upcoming = [due(i) for i in range(streams) if not pending[i]]
-        batch, wait = plan(ready, upcoming, now, cost, budget, max_batch, align=loaded)
+        chosen, wait = plan(ready, upcoming, now, cost, budget, max_batch, align=loaded)
+        batch = [r.item for r in chosen]
         if batch:
             oldest = min(ready, key=lambda r: r.ready_at).item
             oldest_first.append(oldest in batch)
@@ -86,7 +87,7 @@ def test_deadline_already_missed_runs_now():
     cost = StepCost()
     cost.record(1, 0.5)
     batch, wait = plan([Ready(0.0, "a")], [0.01], now=0.0, cost=cost, budget=0.32, max_batch=8, align=True)
-    assert batch == ["a"] and wait is None
+    assert batch == [Ready(0.0, "a")] and wait is None
 
 
 def test_waits_for_a_chunk_due_before_the_deadline():

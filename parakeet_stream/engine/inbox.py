@@ -14,7 +14,9 @@ from ..model.conformer import ChunkSpec
 
 class SampleBuffer:
     """Contiguous float32 samples with amortised growth: one array per stream, never one per push.
-    Taking moves a start mark; the samples left are moved to the front only when a push needs the room."""
+    Taking hands out a view and moves a start mark: nothing is ever written before that mark again
+    (a push that needs room moves the samples left into a new array), so what was taken stays as
+    it was without a copy (the framing keeps a view of its last samples until the next step)."""
 
     def __init__(self) -> None:
         self._buf = np.empty(4096, np.float32)
@@ -28,22 +30,20 @@ class SampleBuffer:
         end = self._start + self._len
         if end + samples.size > self._buf.size:
             need = self._len + samples.size
-            grown = np.empty(max(need, 2 * self._buf.size), np.float32) if need > self._buf.size // 2 else self._buf
-            grown[: self._len] = self._buf[self._start : end]  # (overlapping moves to the front are safe)
+            grown = np.empty(max(need, 2 * self._buf.size) if need > self._buf.size // 2 else self._buf.size, np.float32)
+            grown[: self._len] = self._buf[self._start : end]
             self._buf, self._start, end = grown, 0, self._len
         self._buf[end : end + samples.size] = samples
         self._len += samples.size
 
     def take(self, n: int | None = None) -> np.ndarray:
-        """The oldest `n` samples (all when None)."""
+        """The oldest `n` samples (all when None), as a view that stays valid."""
         n = self._len if n is None else min(n, self._len)
-        out = self._buf[self._start : self._start + n].copy()
+        out = self._buf[self._start : self._start + n]
         self._start += n
         self._len -= n
-        if self._len == 0:
-            self._start = 0
-            if self._buf.size > 1 << 16:  # give back what a backlog grew
-                self._buf = np.empty(4096, np.float32)
+        if self._len == 0 and self._buf.size > 1 << 16:  # give back what a backlog grew
+            self._buf, self._start = np.empty(4096, np.float32), 0
         return out
 
 
@@ -125,7 +125,12 @@ class Inbox:
     def take_ready(self, n: int) -> list[float]:
         """Arrival times of the next `n` ready chunks (the Scheduler schedules them)."""
         times = self._ready_times
-        return [times.popleft() for _ in range(min(n, len(times)))]
+        if n >= len(times):  # (nearly always: a step takes every ready chunk of a live stream)
+            out = list(times)
+            for _ in out:  # popleft, not clear(): a push may append meanwhile
+                times.popleft()
+            return out
+        return [times.popleft() for _ in range(n)]
 
     # --- the pre-encode stage ---------------------------------------------------------------
     def take_samples(self, upto: int | None = None) -> np.ndarray:

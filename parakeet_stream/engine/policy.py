@@ -47,7 +47,8 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from operator import itemgetter
+from typing import Callable, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -143,8 +144,7 @@ class StepCost:
         return costs[i - 1] + (costs[i] - costs[i - 1]) * (batch - lower) / (upper - lower)
 
 
-@dataclass
-class Ready(Generic[T]):
+class Ready(NamedTuple, Generic[T]):  # a tuple: one is made per ready stream at every plan
     ready_at: float  # arrival of the last sample its oldest unscheduled chunk needs
     item: T
     chunks: int = 1  # its ready chunks not scheduled (0: only its last, partial chunk is left)
@@ -200,29 +200,28 @@ def decide(ready: list[Ready[T]], upcoming: list[float], backlogs: list[Backlog[
     live, timeout = plan(ready, upcoming, now, cost, budget, max_batch, align=loaded and not backlogs)
     if live_in_flight and not live:  # bulk work rides along in a live step, or waits for the live one in flight
         backlogs = []
-    by_item = {r.item: r for r in ready}
-    chunks = [(by_item[item].ready_at, min(by_item[item].chunks, max_rounds)) for item in live]
+    chunks = [(r.ready_at, min(r.chunks, max_rounds)) for r in live] if backlogs else []  # (only `fill` reads them)
     bulk, wait = fill(backlogs, chunks, upcoming, live_streams, now, timeline, cost, budget, max_batch, max_rounds, lead,
                       busy or live_in_flight)
     if live or bulk:
-        return [(item, max_rounds) for item in live] + bulk, None
+        return [(r.item, max_rounds) for r in live] + bulk, None
     return [], min((t for t in (timeout, wait) if t is not None), default=None)
 
 
 def plan(ready: list[Ready[T]], upcoming: list[float], now: float, cost: StepCost, budget: float,
-         max_batch: int, align: bool) -> tuple[list[T], float | None]:
+         max_batch: int, align: bool) -> tuple[list[Ready[T]], float | None]:
     """Decide the next step.
 
     ready: streams with a ready chunk; upcoming: predicted times at which the other
     running streams' next chunks are ready; align: hold ready chunks for due ones (the scheduler asks for it
     when the model is idle but loaded: with a step running, what arrives meanwhile batches anyway).
-    Returns (streams to run now, None), or ([], seconds to wait before deciding again); with
+    Returns (the entries of `ready` to run now, None), or ([], seconds to wait before deciding again); with
     nothing ready, ([], None): wait for an arrival.
     """
     if not ready:
         return [], None
-    ready = sorted(ready, key=lambda r: r.ready_at)  # earliest deadline first
-    batch = [r.item for r in ready[:max_batch]]
+    ready = sorted(ready, key=itemgetter(0))  # earliest deadline first
+    batch = ready[:max_batch]
     if len(ready) >= max_batch or not align:
         return batch, None
     deadline = ready[0].ready_at + budget

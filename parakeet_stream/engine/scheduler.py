@@ -286,8 +286,9 @@ class Scheduler:
         if not chosen:
             return None, timeout
         step = self._make_step(chosen, now)
-        ready_at = {r.item: r.ready_at for r in ready}
-        live = [(ready_at[item.seq], item.chunks) for item in step if not item.seq.bulk]
+        # its oldest work's arrival, as _ready_at saw it: the first ready chunk taken, or the final
+        live = [(item.ready_times[0] if item.ready_times else item.final_at, item.chunks) for item in step
+                if not item.seq.bulk]
         step.predicted_seconds = self._timeline.add(live, [item.chunks for item in step], now, self.cost)
         if live and self.cost.measured:  # (unmeasured, a step is predicted to cost nothing)
             step.predicted_end = self._timeline.free_at
