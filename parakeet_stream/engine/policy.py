@@ -48,7 +48,7 @@ import bisect
 import itertools
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Callable, Generic, NamedTuple, TypeVar
+from typing import Any, Callable, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -144,9 +144,9 @@ class StepCost:
         return costs[i - 1] + (costs[i] - costs[i - 1]) * (batch - lower) / (upper - lower)
 
 
-class Ready(NamedTuple, Generic[T]):  # a tuple: one is made per ready stream at every plan
+class Ready(NamedTuple):  # a tuple: one is made per ready stream at every plan (no Generic: Python 3.10)
     ready_at: float  # arrival of the last sample its oldest unscheduled chunk needs
-    item: T
+    item: Any  # the stream
     chunks: int = 1  # its ready chunks not scheduled (0: only its last, partial chunk is left)
 
 
@@ -188,7 +188,7 @@ class Timeline:
         self.live_free_at = min(self.live_free_at, self.free_at)
 
 
-def decide(ready: list[Ready[T]], upcoming: list[float], backlogs: list[Backlog[T]], live_streams: int, now: float,
+def decide(ready: list[Ready], upcoming: list[float], backlogs: list[Backlog[T]], live_streams: int, now: float,
            timeline: Timeline, cost: StepCost, budget: float, max_batch: int, max_rounds: int, loaded: bool,
            live_in_flight: bool, lead: float = 0.0, busy: bool = False) -> tuple[list[tuple[T, int]], float | None]:
     """The next step as (stream, chunks to take) pairs: live streams by `plan`, each taking its
@@ -208,8 +208,8 @@ def decide(ready: list[Ready[T]], upcoming: list[float], backlogs: list[Backlog[
     return [], min((t for t in (timeout, wait) if t is not None), default=None)
 
 
-def plan(ready: list[Ready[T]], upcoming: list[float], now: float, cost: StepCost, budget: float,
-         max_batch: int, align: bool) -> tuple[list[Ready[T]], float | None]:
+def plan(ready: list[Ready], upcoming: list[float], now: float, cost: StepCost, budget: float,
+         max_batch: int, align: bool) -> tuple[list[Ready], float | None]:
     """Decide the next step.
 
     ready: streams with a ready chunk; upcoming: predicted times at which the other

@@ -294,7 +294,7 @@ class Scheduler:
             step.predicted_end = self._timeline.free_at
         return step, None
 
-    def _candidates(self) -> tuple[list[Ready[Sequence]], list[Backlog[Sequence]]]:
+    def _candidates(self) -> tuple[list[Ready], list[Backlog[Sequence]]]:
         """Live streams with a ready chunk (or their final), and bulk streams with work."""
         while self._marked:
             self._ready[self._marked.popleft()] = None
@@ -431,7 +431,7 @@ class Scheduler:
         return self._admit_waiting()
 
 
-def _behind(ready: list[Ready[Sequence]], now: float) -> dict:
+def _behind(ready: list[Ready], now: float) -> dict:
     """How far behind the live streams are at a plan (an overloaded server's edges, for operators):
     those with more than one chunk waiting, the most chunks one has waiting, and how long the oldest
     waiting chunk has waited."""
