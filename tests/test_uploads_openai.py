@@ -4,6 +4,8 @@ uploads no SDK would send."""
 from __future__ import annotations
 
 import base64
+import http.client
+import logging
 
 import numpy as np
 import pytest
@@ -367,6 +369,31 @@ async def test_a_client_that_leaves_frees_its_stream(engine, sentence):
         await wait_until(lambda: engine.stats()["active"] == 1)
         await stream.aclose()
         await wait_until(lambda: engine.stats()["active"] == 0 and ctx.open_uploads == 0)
+
+
+async def test_a_client_that_closes_once_it_has_the_answer_is_logged_completed(engine, sentence, caplog):
+    """Like curl: the client reads the whole answer (Content-Length) and closes at once, which can
+    reach the server before it has finished with the answer it sent; every upload is completed."""
+    caplog.set_level(logging.INFO, logger="parakeet_stream.connections")
+    body = multipart({"model": "whisper-1"}, audio_file(sentence[:16000]))
+    uploads = 25
+
+    def upload(port: int) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("POST", PATH, body, {"Content-Type": FORM})
+            answer = conn.getresponse()
+            answer.read()
+            return answer.status
+        finally:
+            conn.close()
+
+    async with running_server(engine) as ctx:
+        statuses = [await trio.to_thread.run_sync(upload, ctx.config.ports["http"]) for _ in range(uploads)]
+        await wait_until(lambda: ctx.open_uploads == 0)
+    closes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("connection closed")]
+    assert statuses == [200] * uploads and len(closes) == uploads
+    assert all(" reason=completed " in line for line in closes), [line for line in closes if "completed" not in line]
 
 
 def test_a_spool_keeps_at_most_one_mebibyte_in_memory():

@@ -95,8 +95,9 @@ class Exchange:
     async def while_connected(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work` (after the body was read); should the client close its connection
         meanwhile, cancel it (its engine stream is freed) and raise BrokenResourceError. (A client
-        that only shuts down its sending side looks the same: HTTP clients do not do that.)"""
-        gone = False
+        that only shuts down its sending side looks the same: HTTP clients do not do that.) A client
+        that closes once it has the whole answer is not gone: its close can be seen before `work` returns."""
+        gone = finished = False
         error: Exception | None = None  # work's own, re-raised as itself (not in an ExceptionGroup)
         async with trio.open_nursery() as nursery:
 
@@ -110,9 +111,10 @@ class Exchange:
                     nursery.cancel_scope.cancel()
 
             async def run() -> None:
-                nonlocal error
+                nonlocal error, finished
                 try:
                     await work()
+                    finished = True
                 except Exception as exc:
                     error = exc
                 nursery.cancel_scope.cancel()
@@ -121,7 +123,7 @@ class Exchange:
             nursery.start_soon(run)
         if error is not None:
             raise error
-        if gone:
+        if gone and not finished:
             raise trio.BrokenResourceError("the client closed its connection")
 
     async def respond(self, status: int, body: bytes, content_type: str, headers: Sequence[tuple[str, str]] = ()) -> None:
