@@ -24,6 +24,7 @@ from parakeet_stream.tools.bench import build_parser as bench_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTENCE = ROOT / "tests" / "fixtures" / "audio" / "sentence.wav"
+HELP = "; see parakeet-serve --help"
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a CPU-only torch (or no GPU)")
 
 
@@ -244,8 +245,25 @@ def test_a_port_out_of_range_is_refused_in_one_line(flag, value, capsys):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args([flag, value])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        f"parakeet-serve: error: argument {flag}: {int(value)} is not a port: ports are 0 (any free one) to 65535")
+    assert capsys.readouterr().err.splitlines()[-1] == (f"parakeet-serve: error: argument {flag}: {int(value)} is not a "
+                                                        f"port: ports are 0 (any free one) to 65535{HELP}")
+
+
+@pytest.mark.parametrize("module, args, line", [
+    ("parakeet_stream.server.cli", ["--port", "abc"], "parakeet-serve: error: argument --port: 'abc' is not a port number"),
+    ("parakeet_stream.server.cli", ["--dtype", "float64"], "parakeet-serve: error: argument --dtype: invalid choice: "
+                                                           "'float64' (choose from 'auto', 'float32', 'bfloat16', 'float16')"),
+    ("parakeet_stream.server.cli", ["--lookahead", "99"],
+     "parakeet-serve: error: argument --lookahead/--att-context-size: expected 'L,R' such as 70,1, got '99'"),
+    ("parakeet_stream.tools.transcribe", [], "parakeet-transcribe: error: the following arguments are required: FILE"),
+    ("parakeet_stream.tools.convert", [], "parakeet-convert: error: the following arguments are required: src"),
+    ("parakeet_stream.tools.bench", ["--clients", "x"], "parakeet-bench: error: argument --clients: client counts of at "
+                                                        "least 1, comma-separated such as 1,2,4,8, got 'x'")])
+def test_a_mistake_in_the_arguments_is_one_line_without_the_usage(module, args, line):
+    """The usage (27 lines for parakeet-serve) used to come first and bury the line that says what is wrong."""
+    result = run(module, *args)
+    prog = line.split(":")[0]
+    assert result.returncode == 2 and one_line(result.stderr) == f"{line}; see {prog} --help"
 
 
 @pytest.mark.parametrize("flag, value, counts, least", [
@@ -258,7 +276,8 @@ def test_slot_and_queue_counts_below_their_least_are_refused_in_one_line(flag, v
         build_parser().parse_args([flag, value])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"parakeet-serve: error: argument {flag}: must be a whole number of {counts}, at least {least}, got {value!r}")
+        f"parakeet-serve: error: argument {flag}: must be a whole number of {counts}, at least {least}, got {value!r}"
+        f"{HELP}")
     assert build_parser().parse_args([flag, "auto" if least else "0"])  # the least, or auto, still parses
 
 
@@ -304,7 +323,7 @@ def test_a_bad_variable_is_refused_in_one_line_that_names_it(monkeypatch, capsys
     assert exit_.value.code == 2
     line = capsys.readouterr().err.splitlines()[-1]
     assert line.startswith("parakeet-serve: error: argument --log-level: invalid choice: 'loud' (choose from ")
-    assert line.endswith(" (from PARAKEET_LOG_LEVEL)")
+    assert line.endswith(f" (from PARAKEET_LOG_LEVEL){HELP}")
 
 
 def test_workers_without_a_writable_temporary_folder_are_refused_before_the_model_loads(monkeypatch, capsys):

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "parakeet_stream"
 
 # lowest first: a layer may import its own and the lower ones only
 LAYERS = [
-    {"audio", "host", "client", "subtitles", "text"},
+    {"arguments", "audio", "host", "client", "subtitles", "text"},
     {"model"},
     {"engine", "training"},
     {"server"},

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import trio
 
+from ..arguments import ArgumentParser
 from ..engine import ASREngine, EngineError
 from ..engine.info import EngineInfo
 from ..engine.options import CPU_SLOTS, add_engine_arguments, default_slots, engine_options, whole_number
@@ -45,7 +46,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-class _EnvParser(argparse.ArgumentParser):
+class _EnvParser(ArgumentParser):
     """Reads PARAKEET_<OPTION> variables as if they came first on the command line, so that flags
     given there win and every value is checked as a flag's is (a container is configured either way)."""
 

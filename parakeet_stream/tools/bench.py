@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import trio
 
+from ..arguments import ArgumentParser
 from ..audio import SAMPLE_RATE, AudioError, read_audio
 from ..client import ClientError, connect, send_paced
 
@@ -231,14 +232,14 @@ async def bench(args: argparse.Namespace) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="parakeet-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--url", default="tcp://127.0.0.1:8765",
                    help="the server: tcp://host:port or ws://host:port/ (default: %(default)s)")
     p.add_argument("--audio", nargs="+", default=None,
                    help="audio files (any rate; streamed as 16 kHz pcm16; default: the repository's sentence.wav)")
-    p.add_argument("--clients", default="1,2,4,8", metavar="N[,N...]", type=lambda s: [int(x) for x in s.split(",")],
+    p.add_argument("--clients", default="1,2,4,8", metavar="N[,N...]", type=_levels,
                    help="concurrent clients of each level, comma-separated, run one level after the other; "
                         "capacity is the highest level within budget (default: %(default)s)")
     p.add_argument("--seconds", type=float, default=15.0, help="audio per client (default: %(default)s)")
@@ -251,6 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/bench",
                    help="writes OUT.json and OUT.png, relative to the current folder (default: %(default)s)")
     return p
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"client counts of at least 1, comma-separated such as 1,2,4,8, got {text!r}")
+    return levels
 
 
 def _first_error(exc: BaseException) -> BaseException:

@@ -6,10 +6,10 @@ Hugging Face model without DST_DIR goes into the model cache (see model/hub.py).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from ..arguments import ArgumentParser
 from ..model import hub
 from ..model.config import ModelConfig
 from ..model.convert import ConvertError, convert_nemo
@@ -25,7 +25,7 @@ def convert(src: str, dst: Path) -> ModelConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="parakeet-convert", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="parakeet-convert", description=__doc__.splitlines()[0])
     ap.add_argument("src", help="a .nemo file, or a Hugging Face model: ORG/NAME[@REVISION], small, large or multilingual")
     ap.add_argument("dst", type=Path, nargs="?",
                     help="output folder, e.g. weights/small (default for a hub model: the model cache, "

@@ -7,9 +7,9 @@ says so, and that OTHER will be served instead), 1 on any other error.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from ..arguments import ArgumentParser
 from ..model.errors import ModelNotFound
 from ..model.loading import resolve_model_dir
 
@@ -17,7 +17,7 @@ UNREACHABLE = 3
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m parakeet_stream.tools.fetch")
+    ap = ArgumentParser(prog="python -m parakeet_stream.tools.fetch")
     ap.add_argument("name", help="ORG/NAME[@REVISION], small, large or multilingual")
     ap.add_argument("--fallback", help="named in the message when the hub cannot be reached")
     args = ap.parse_args(argv)

@@ -24,6 +24,7 @@ import trio
 from tqdm import tqdm
 
 from .. import subtitles
+from ..arguments import ArgumentParser
 from ..audio import AudioError, check_file, read_audio
 from ..engine import ASREngine, EngineError
 from ..engine.languages import Languages
@@ -115,7 +116,7 @@ def load_audios(files: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Tran
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="parakeet-transcribe", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="parakeet-transcribe", description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", metavar="FILE")
     ap.add_argument("--model", default="demo",
                     help="demo, small, large, multilingual, a Hugging Face ORG/NAME[@REVISION] (downloaded and converted once) "
@@ -229,7 +230,8 @@ def _transcribe_paths(args, model, lookahead, phrases: tuple[Phrase, ...], langu
     details: dict[str, FileTranscript] = {}
     if sources:
         options = engine_options(args) | {"dtype": model.encoder_dtype, "quantize": None, "lookahead": lookahead}  # already applied
-        with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(sources), **options) \
+        with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(sources), calibrate=False,
+                       **options) \
                 as engine, tqdm(total=len(sources), unit="file", disable=len(args.files) < 2) as bar:
 
             def done(name: str, transcript: FileTranscript) -> None:
