@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from parakeet_stream.server.operations import ports
 from parakeet_stream.server.operations.ports import explain, port_problem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +51,41 @@ def test_port_in_use_is_one_line(held_port, flag):
     assert refused(serve(flag, str(held_port))) == (
         f"parakeet-serve: error: port {held_port} on 127.0.0.1 is already in use by another program: "
         f"pick another with {flag} PORT (0: any free port)")
+
+
+def test_every_port_in_use_is_named_at_once():
+    """Fixing the first taken port used to reveal the next, one start at a time."""
+    held = [socket.socket() for _ in range(4)]
+    try:
+        for sock in held:
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+        tcp, ws, http, grpc = (sock.getsockname()[1] for sock in held)
+        cmd = [sys.executable, "-m", "parakeet_stream.server.cli", "--model", NO_MODEL, "--port", str(tcp),
+               "--ws-port", str(ws), "--http-port", str(http), "--grpc-port", str(grpc)]
+        lines = [refused(subprocess.run([*cmd, *check], capture_output=True, text=True, timeout=120, cwd=ROOT))
+                 for check in ([], ["--check"])]
+    finally:
+        for sock in held:
+            sock.close()
+    assert lines == [f"parakeet-serve: error: ports {tcp}, {ws}, {http} and {grpc} on 127.0.0.1 are already in use by "
+                     "another program: pick others with --port, --ws-port, --http-port and --grpc-port "
+                     "(0: any free port)"] * 2
+
+
+def test_a_taken_port_and_a_privileged_one_are_named_together(held_port, monkeypatch):
+    bind = ports._bind
+
+    def refuse_80(family, kind, proto, address):  # as for a user who is not root
+        if address[1] == 80:
+            raise OSError(errno.EACCES, "Permission denied")
+        bind(family, kind, proto, address)
+
+    monkeypatch.setattr(ports, "_bind", refuse_80)
+    assert port_problem("127.0.0.1", {"--port": held_port, "--http-port": 80}) == (
+        f"port {held_port} on 127.0.0.1 is already in use by another program: pick another with --port PORT "
+        "(0: any free port); port 80 needs root privileges (ports below 1024 do): pick one above 1023 with "
+        "--http-port PORT")
 
 
 def test_port_in_use_on_every_interface(held_port):
