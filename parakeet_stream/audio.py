@@ -12,6 +12,9 @@ SAMPLE_RATE = 16000
 MIN_RATE = 4000
 MAX_RATE = 192000
 QUALITY = "HQ"
+# the same words from every reader (read_audio, uploads, parakeet-transcribe, the examples)
+EMPTY = "the file is empty"
+NO_AUDIO = "the file contains no audio"  # a header without samples
 
 
 class AudioError(ValueError):
@@ -72,17 +75,26 @@ def check_file(path: str | Path) -> Path:
     return path
 
 
-def read_audio(path: str | Path) -> np.ndarray:
-    """Read an audio file as float32 mono at 16 kHz (channels are averaged)."""
+def read_file(path: str | Path, dtype: str = "float32") -> tuple[np.ndarray, int]:
+    """An audio file's frames as stored (frames x channels, `dtype`) and its rate; AudioError says
+    in one line, naming the file, why it cannot be used."""
     path = check_file(path)
+    if path.stat().st_size == 0:  # libsndfile would say "format not recognised"
+        raise AudioError(f"cannot read audio file {path}: {EMPTY}")
     try:
-        data, rate = sf.read(path, dtype="float32", always_2d=True)
+        data, rate = sf.read(path, dtype=dtype, always_2d=True)
     except sf.LibsndfileError as exc:  # (its message repeats the path)
         raise AudioError(f"cannot read audio file {path}: {exc.error_string.rstrip('.').lower()}") from None
     except (RuntimeError, OSError) as exc:
         raise AudioError(f"cannot read audio file {path}: {exc}") from None
     if data.shape[0] == 0:
-        raise AudioError(f"audio file {path} contains no samples")
+        raise AudioError(f"cannot read audio file {path}: {NO_AUDIO}")
+    return data, rate
+
+
+def read_audio(path: str | Path) -> np.ndarray:
+    """Read an audio file as float32 mono at 16 kHz (channels are averaged)."""
+    data, rate = read_file(path)
     try:
         mono = check_samples(data.mean(axis=1, dtype=np.float32))
     except AudioError as exc:

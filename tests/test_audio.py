@@ -63,7 +63,7 @@ def test_read_audio_errors(tmp_path):
         read_audio(junk)
     empty = tmp_path / "empty.wav"
     sf.write(empty, np.zeros(0, np.float32), SAMPLE_RATE)
-    with pytest.raises(AudioError, match="no samples"):
+    with pytest.raises(AudioError, match="contains no audio"):
         read_audio(empty)
     nan = tmp_path / "nan.wav"
     sf.write(nan, np.array([0.0, np.nan], np.float32), SAMPLE_RATE, subtype="FLOAT")

@@ -41,7 +41,7 @@ class AudioReader:
             self.rate = rate
             self.frames = _size(file) // DECODERS[encoding][0]
         if self.frames == 0:
-            raise audio.AudioError("the file contains no audio")
+            raise audio.AudioError(audio.NO_AUDIO)
         self._resampler = audio.StreamResampler(audio.check_rate(self.rate))
         self._done = False
 
@@ -89,7 +89,7 @@ class AudioReader:
 def _open_container(file: BinaryIO | str) -> sf.SoundFile:
     head = _head(file)
     if not head:
-        raise audio.AudioError("the file is empty")
+        raise audio.AudioError(audio.EMPTY)
     for offset, magic, name in REFUSED:
         if head[offset : offset + len(magic)] == magic:
             raise audio.AudioError(f"{name} audio is not supported: send {SUPPORTED}")

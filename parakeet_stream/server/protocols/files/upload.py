@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator
 import numpy as np
 import trio
 
-from ....audio import AudioError
+from ....audio import EMPTY, AudioError
 from ....engine import QueueFull
 from ....engine.phrases import Phrase, PhraseError
 from ...context import ServerContext
@@ -52,7 +52,7 @@ def check_key(ctx: ServerContext, key: str | None) -> None:
 async def open_audio(ctx: ServerContext, spool: Spool, encoding: str | None = None, rate: int | None = None) -> AudioReader:
     """The spooled upload as audio (its header read in a worker thread); too long: 413."""
     if spool.size == 0:
-        raise UploadError(400, "invalid_audio", "the file is empty", "file")
+        raise UploadError(400, "invalid_audio", EMPTY, "file")
     spool.rewind()
     try:
         reader = await trio.to_thread.run_sync(AudioReader, spool.file, encoding, rate)
