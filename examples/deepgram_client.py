@@ -9,15 +9,19 @@ import threading
 import time
 
 import numpy as np
-import soundfile as sf
 from deepgram import DeepgramClient
 from deepgram.environment import DeepgramClientEnvironment
+
+from parakeet_stream.audio import AudioError, read_file
 
 CHUNK_SECONDS = 0.1
 
 
 def main(path: str, server: str = "ws://127.0.0.1:8000", key: str = "unused") -> None:
-    samples, rate = sf.read(path, dtype="int16", always_2d=True)
+    try:
+        samples, rate = read_file(path, "int16")
+    except AudioError as exc:  # one line: no such file, empty, not audio
+        sys.exit(f"error: {exc}")
     pcm = samples.mean(axis=1).astype(np.int16).tobytes()
     http = server.replace("ws", "http", 1)
     environment = DeepgramClientEnvironment(base=http, production=server, agent=server, agent_rest=http)

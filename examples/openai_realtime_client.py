@@ -13,21 +13,26 @@ import os
 import sys
 
 import numpy as np
-import soundfile as sf
 import soxr
 from openai import AsyncOpenAI
+
+from parakeet_stream.audio import AudioError, read_file
 
 RATE = 24000  # OpenAI's PCM rate
 CHUNK_BYTES = RATE // 10 * 2  # 100 ms of PCM16
 
 
 def load_pcm16(path: str) -> bytes:
-    audio, rate = sf.read(path, dtype="float32", always_2d=True)
+    try:
+        audio, rate = read_file(path)
+    except AudioError as exc:  # one line: no such file, empty, not audio
+        sys.exit(f"error: {exc}")
     audio = soxr.resample(audio.mean(axis=1), rate, RATE)
     return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
 
 
 async def transcribe(path: str, base_url: str = "ws://127.0.0.1:8000/v1") -> None:
+    pcm = load_pcm16(path)
     client = AsyncOpenAI(api_key=os.environ.get("OPENAI_API_KEY", "unused"), websocket_base_url=base_url)
     async with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
         await connection.session.update(
@@ -42,7 +47,6 @@ async def transcribe(path: str, base_url: str = "ws://127.0.0.1:8000/v1") -> Non
                 },
             }
         )
-        pcm = load_pcm16(path)
         for i in range(0, len(pcm), CHUNK_BYTES):
             await connection.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + CHUNK_BYTES]).decode())
         await connection.input_audio_buffer.commit()

@@ -12,13 +12,17 @@ import time
 
 import numpy as np
 import riva.client
-import soundfile as sf
+
+from parakeet_stream.audio import AudioError, read_file
 
 CHUNK_SECONDS = 0.1
 
 
 def main(path: str, server: str = "127.0.0.1:50051", key: str | None = None) -> None:
-    samples, rate = sf.read(path, dtype="int16", always_2d=True)
+    try:
+        samples, rate = read_file(path, "int16")
+    except AudioError as exc:  # one line: no such file, empty, not audio
+        sys.exit(f"error: {exc}")
     pcm = samples.mean(axis=1).astype(np.int16).tobytes()  # mono
     metadata = [["authorization", f"Bearer {key}"]] if key else None
     asr = riva.client.ASRService(riva.client.Auth(uri=server, use_ssl=False, metadata_args=metadata))

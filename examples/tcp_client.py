@@ -9,14 +9,18 @@ import json
 import socket
 import sys
 
-from parakeet_stream.audio import read_audio  # any 16 kHz mono float32 source will do
+from parakeet_stream.audio import AudioError, read_audio  # any 16 kHz mono float32 source will do
 
 PACKET_SAMPLES = 1600  # 100 ms
 
 
 def main(path: str, host: str = "127.0.0.1", port: str = "8765") -> int:
-    """0 once the final result came; 1 when the server ended the stream without it."""
-    samples = read_audio(path)
+    """0 once the final result came; 1 when the file cannot be read or the server ended the stream without it."""
+    try:
+        samples = read_audio(path)
+    except AudioError as exc:  # one line: no such file, empty, not audio
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     pcm16 = (samples.clip(-1, 1) * 32767).astype("<i2").tobytes()
     with socket.create_connection((host, int(port))) as sock:
         lines = sock.makefile("rwb")

@@ -5,15 +5,19 @@ file's own sample rate (the server resamples), printing each caption as it arriv
 """
 import sys
 
-import soundfile as sf
 import trio
 
+from parakeet_stream.audio import AudioError, read_file
 from parakeet_stream.client import connect, send_paced
 
 
 async def main(path: str, url: str = "ws://127.0.0.1:8000/") -> int:
-    """0 once the final result came; 1 when the server ended the stream without it."""
-    samples, rate = sf.read(path, dtype="float32", always_2d=True)
+    """0 once the final result came; 1 when the file cannot be read or the server ended the stream without it."""
+    try:
+        samples, rate = read_file(path)
+    except AudioError as exc:  # one line: no such file, empty, not audio
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     samples = samples.mean(axis=1)
     async with connect(url, sample_rate=rate) as stream, trio.open_nursery() as nursery:
         nursery.start_soon(send_paced, stream, samples, rate, 0.1, True)

@@ -13,10 +13,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 from helpers import ServerProcess
 
+from parakeet_stream.audio import AudioError, read_audio
 from parakeet_stream.engine.options import default_slots
 from parakeet_stream.server.cli import build_parser
 from parakeet_stream.tools.bench import ClientRecord, capacity, capacity_at_least, capacity_text, sent_at
@@ -53,6 +56,22 @@ def test_transcribe_error_names_the_file_once(tiny_model_dir):
     line = one_line(result.stderr)
     assert line.startswith("parakeet-transcribe: error: cannot read audio file README.md: ") and \
         line.count("README.md") == 1, line
+
+
+@pytest.mark.parametrize("offline", [False, True])
+@pytest.mark.parametrize("kind, words", [("empty", "the file is empty"), ("header", "the file contains no audio")])
+def test_an_empty_file_gets_the_same_words_from_every_reader(tiny_model_dir, tmp_path, offline, kind, words):
+    """read_audio (the --offline path, the examples) said "format not recognised" for an empty file."""
+    path = tmp_path / f"{kind}.wav"
+    if kind == "empty":
+        path.touch()
+    else:
+        sf.write(path, np.zeros(0, np.float32), 16000)
+    with pytest.raises(AudioError) as read:
+        read_audio(path)
+    assert str(read.value) == f"cannot read audio file {path}: {words}"
+    result = run("parakeet_stream.tools.transcribe", str(path), "--model", str(tiny_model_dir), *(["--offline"] if offline else []))
+    assert result.returncode == 1 and one_line(result.stderr) == f"parakeet-transcribe: error: {read.value}"
 
 
 def test_transcribe_json_times_in_milliseconds(tiny_model_dir):
@@ -296,6 +315,18 @@ def test_the_websocket_example_says_when_its_stream_ended_without_the_final_resu
         server.close()
     assert client.returncode == 1
     assert "the connection ended without the final result: the text above is incomplete" in stderr
+
+
+@pytest.mark.parametrize("example", ["tcp_client", "ws_client", "deepgram_client", "flux_client", "riva_client",
+                                     "openai_realtime_client"])
+def test_an_example_given_a_missing_or_empty_file_says_so_in_one_line(example, tmp_path):
+    """They printed libsndfile's traceback; no server is needed to get this far."""
+    empty = tmp_path / "empty.wav"
+    empty.touch()
+    for path, reason in ((tmp_path / "missing.wav", "no such file"), (empty, "the file is empty")):
+        result = subprocess.run([sys.executable, str(ROOT / "examples" / f"{example}.py"), str(path)],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and one_line(result.stderr) == f"error: cannot read audio file {path}: {reason}"
 
 
 def active_streams(server: ServerProcess) -> int:
