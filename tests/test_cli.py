@@ -21,6 +21,7 @@ from helpers import ServerProcess
 
 from parakeet_stream.audio import AudioError, read_audio
 from parakeet_stream.engine.options import default_slots
+from parakeet_stream.model.config import ModelConfig
 from parakeet_stream.server.cli import build_parser
 from parakeet_stream.tools.bench import ClientRecord, capacity, capacity_at_least, capacity_text, sent_at
 from parakeet_stream.tools.bench import build_parser as bench_parser
@@ -133,6 +134,38 @@ def test_served_lookahead_modes_from_the_flag_or_its_variable_and_a_bad_one_in_o
                  "--dtype", "float32", "--port", "0", "--ws-port", "0", "--http-port", "0", "--grpc-port", "0")
     assert result.returncode == 2
     assert one_line(result.stderr).startswith("parakeet-serve: error: lookahead 70,5 is not one of this model's modes")
+
+
+@pytest.mark.parametrize("where", ["folder", "hub cache"])
+def test_a_lookahead_the_model_lacks_is_refused_before_its_weights_load(where, tiny_model_dir, tmp_path, monkeypatch,
+                                                                       capsys):
+    """Its config.json names its modes: neither parakeet-serve nor parakeet-transcribe loads the weights to refuse
+    it (a hub model in the cache with weights that cannot load shows it)."""
+    from parakeet_stream.server import cli
+    from parakeet_stream.tools import transcribe
+
+    model = str(tiny_model_dir)
+    if where == "hub cache":
+        monkeypatch.setenv("HF_HOME", str(tmp_path))
+        repo = tmp_path / "parakeet-stream" / "models--acme--tiny"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text("0" * 40)
+        (repo / ("0" * 40)).mkdir()
+        for name in ("config.json", "tokenizer.model"):
+            (repo / ("0" * 40) / name).write_bytes((tiny_model_dir / name).read_bytes())
+        (repo / ("0" * 40) / "model.safetensors").write_text("not weights")
+        model = "acme/tiny"
+    monkeypatch.setattr(cli, "ASREngine", None)  # never reached
+    monkeypatch.setattr(transcribe, "load_model", None)
+    monkeypatch.setattr(transcribe, "single_threaded_host", lambda: None)  # this process's torch threads stay
+    modes = ", ".join(f"{a},{b}" for a, b in ModelConfig.load(tiny_model_dir / "config.json").encoder.att_context_sizes)
+    refusal = f"lookahead 13,4 is not one of this model's modes ({modes})"
+    for flag in ("--lookahead", "--lookahead-modes"):
+        assert cli.main(["--model", model, flag, "13,4", "--port", "0", "--ws-port", "0", "--http-port", "0",
+                         "--grpc-port", "0"]) == 2
+        assert one_line(capsys.readouterr().err) == f"parakeet-serve: error: {refusal}"
+    assert transcribe.main([str(SENTENCE), "--model", model, "--lookahead", "13,4"]) == 2
+    assert one_line(capsys.readouterr().err) == f"parakeet-transcribe: error: {refusal}"
 
 
 def test_slots_default_to_what_memory_holds_on_a_gpu_and_to_64_on_a_cpu(tiny_model_dir):

@@ -62,6 +62,16 @@ class EncoderConfig:
     pos_emb_max_len: int = 5000
     att_context_sizes: tuple[Lookahead, ...] = ((70, 1),)
 
+    def check_lookahead(self, lookahead: Lookahead | None) -> Lookahead:
+        """`lookahead` as one of the modes (None: the first); ValueError names the modes."""
+        if lookahead is None:
+            return self.att_context_sizes[0]
+        lookahead = (int(lookahead[0]), int(lookahead[1]))
+        if lookahead not in self.att_context_sizes:
+            modes = ", ".join(f"{a},{b}" for a, b in self.att_context_sizes)
+            raise ValueError(f"lookahead {lookahead[0]},{lookahead[1]} is not one of this model's modes ({modes})")
+        return lookahead
+
 
 @dataclass(frozen=True)
 class DecoderConfig:

@@ -182,13 +182,7 @@ class ConformerEncoder(nn.Module):
         return chunk_spec(lookahead, self.cfg.subsampling_factor)
 
     def check_lookahead(self, lookahead: Lookahead | None) -> Lookahead:
-        if lookahead is None:
-            return self.cfg.att_context_sizes[0]
-        lookahead = (int(lookahead[0]), int(lookahead[1]))
-        if lookahead not in self.cfg.att_context_sizes:
-            modes = ", ".join(f"{a},{b}" for a, b in self.cfg.att_context_sizes)
-            raise ValueError(f"lookahead {lookahead[0]},{lookahead[1]} is not one of this model's modes ({modes})")
-        return lookahead
+        return self.cfg.check_lookahead(lookahead)
 
     def _pos_emb(self, length: int, like: torch.Tensor) -> torch.Tensor:
         key = (length, like.device)

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from . import hub
+from .config import Lookahead, ModelConfig
 from .device import check_device
 from .errors import ModelNotFound
 from .parakeet import ParakeetModel
@@ -18,9 +19,10 @@ def load_model(name: str | Path, device: str | torch.device = "cpu", dtype=torch
     return ParakeetModel.from_dir(resolve_model_dir(name), check_device(device), dtype)
 
 
-def resolve_model_dir(name: str | Path) -> Path:
+def resolve_model_dir(name: str | Path, download: bool = True) -> Path | None:
     """The folder of a model: a folder path; `demo` (bundled); `small`, `large` or ORG/NAME[@REVISION]
-    from the Hugging Face hub, converted once into the model cache (see hub.py).
+    from the Hugging Face hub, converted once into the model cache (see hub.py). `download=False`:
+    None for a hub model the cache does not have, and nothing touches the network.
 
     A converted folder under ./weights or the repository's weights/ still serves `small` and `large`.
     """
@@ -42,5 +44,18 @@ def resolve_model_dir(name: str | Path) -> Path:
         raise ModelNotFound(f"{name}: a file, not a model folder{hint}")
     # ORG/NAME where ORG is a folder here (weights/smal) is a mistyped path, not a repository
     if hub.is_hub_name(name) and not (name not in NAMED_MODELS and path.parent.is_dir()):
-        return hub.resolve(name)
+        return hub.resolve(name) if download else hub.cached(name)
     raise ModelNotFound(f"no model {name!r}: expected demo, small, large, multilingual, ORG/NAME[@REVISION] or a model folder")
+
+
+def check_lookaheads(name: str | Path, lookaheads: list[Lookahead]) -> None:
+    """ValueError, in the loaded model's words, for a lookahead mode the model lacks: read from its
+    config.json, before its weights load. A model still to download (or not found) is checked once it loads."""
+    try:
+        folder = resolve_model_dir(name, download=False)
+    except ModelNotFound:
+        return
+    if folder is not None:
+        encoder = ModelConfig.load(folder / "config.json").encoder
+        for lookahead in lookaheads:
+            encoder.check_lookahead(lookahead)

@@ -18,6 +18,7 @@ from ..engine.options import CPU_SLOTS, add_engine_arguments, default_slots, eng
 from ..host import single_threaded_host
 from ..model.device import AUTO, check_device, resolve_device
 from ..model.errors import DeviceError, ModelNotFound
+from ..model.loading import check_lookaheads
 from ..model.precision import AUTO, PrecisionError
 from ..model.registry import HUB_ALIASES
 from .app import serve
@@ -272,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"parakeet-serve: error: {exc}", file=sys.stderr)
             return 2
         return 0
+    try:  # (not with --check: scripts/serve.sh checks before it names the model)
+        check_lookaheads(args.model, [mode for mode in (args.lookahead, *(args.lookahead_modes or ())) if mode])
+    except ValueError as exc:
+        print(f"parakeet-serve: error: {exc}", file=sys.stderr)
+        return 2
     single_threaded_host()
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format=log_format())
     config = server_config(args)

@@ -34,7 +34,7 @@ from ..engine.policy import bulk_lookahead
 from ..host import single_threaded_host
 from ..model.device import AUTO, resolve_device
 from ..model.errors import ModelNotFound
-from ..model.loading import load_model
+from ..model.loading import check_lookaheads, load_model
 from ..model.parakeet import ParakeetModel
 from ..model.precision import set_precision
 from ..model.registry import HUB_ALIASES
@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parakeet-transcribe: error: {problem}", file=sys.stderr)
         return 2
     try:
+        check_lookaheads(args.model, [args.lookahead] if args.lookahead else [])  # before the weights load
         model = set_precision(load_model(args.model, args.device), args.dtype, args.quantize)
         modes = model.cfg.encoder.att_context_sizes
         lookahead = model.encoder.check_lookahead(args.lookahead or bulk_lookahead(modes))
