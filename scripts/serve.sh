@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 if [ ! -x .venv/bin/parakeet-serve ] || [ pyproject.toml -nt .venv/bin/parakeet-serve ]; then
-    .venv/bin/pip install -q torch==2.13.0 ${PARAKEET_TORCH_INDEX:+--index-url "$PARAKEET_TORCH_INDEX"}  # e.g. https://download.pytorch.org/whl/cpu
+    bash scripts/install_torch.sh .venv/bin/pip  # torch alone from PARAKEET_TORCH_INDEX, if set
     .venv/bin/pip install -q -e .
     touch .venv/bin/parakeet-serve
 fi

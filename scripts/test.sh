@@ -10,6 +10,6 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     fi
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q torch==2.13.0 ${PARAKEET_TORCH_INDEX:+--index-url "$PARAKEET_TORCH_INDEX"}  # e.g. https://download.pytorch.org/whl/cpu
+bash scripts/install_torch.sh .venv/bin/pip  # torch alone from PARAKEET_TORCH_INDEX, if set
 .venv/bin/pip install -q -e '.[test,frameworks]'
 exec .venv/bin/python -m pytest -q "$@"

@@ -3,8 +3,9 @@
 The base is Debian's own packages: `mmdebstrap` makes a minimal bookworm tarball (cached in
 results/container/, keyed by its command line), `podman import` turns it into the image the
 Containerfile's BASE names. The build then needs only the package registries (apt, pip): torch's
-CPU wheel is fetched on this machine as scripts/test.sh fetches torch (PARAKEET_TORCH_INDEX, else
-PyTorch's CPU index; pip's own configuration) and handed to the build as a folder of wheels.
+CPU wheel is fetched on this machine (from PARAKEET_TORCH_INDEX, else PyTorch's CPU index; pip's own
+configuration) and handed to the build as a folder of wheels, the build's own torch index left as
+the Containerfile sets it.
 
 The cpu image then runs with a read-only root filesystem and nothing writable (no tmpfs), configured
 by a PARAKEET_ variable and a flag: it gets ready, `/health` answers 200 (and `podman healthcheck
@@ -102,9 +103,8 @@ class Podman:
         tag = f"localhost/parakeet-stream:{target}"
         args = ["build", "--format", "docker", "--network", "host", "--pull=never", "--target", target, "-t", tag,
                 "--build-arg", f"BASE={BASE}"]
-        if wheels is not None:  # torch from the folder (and the index scripts/test.sh would use)
-            args += ["-v", f"{wheels}:/wheels:ro", "--build-arg", "PIP_FIND_LINKS=/wheels",
-                     "--build-arg", f"PARAKEET_TORCH_INDEX={os.environ.get('PARAKEET_TORCH_INDEX', '')}"]
+        if wheels is not None:  # torch from the folder
+            args += ["-v", f"{wheels}:/wheels:ro", "--build-arg", "PIP_FIND_LINKS=/wheels"]
         ca = Path("/etc/ssl/certs/ca-certificates.crt")  # this machine's CAs (a proxy's too) for pip
         if ca.is_file():
             args += ["-v", f"{ca}:/run/host-ca.crt:ro", "--build-arg", "PIP_CERT=/run/host-ca.crt"]
@@ -151,7 +151,7 @@ def base_tarball() -> Path:
 
 
 def torch_wheels() -> Path:
-    """A folder with torch's CPU wheel for the image's Python, fetched as scripts/test.sh fetches torch."""
+    """A folder with torch's CPU wheel for the image's Python (torch alone)."""
     folder = CACHE / "wheels"
     if not list(folder.glob(f"torch-{TORCH_VERSION}+cpu-cp{PYTHON.replace('.', '')}-*.whl")):
         index = os.environ.get("PARAKEET_TORCH_INDEX") or "https://download.pytorch.org/whl/cpu"

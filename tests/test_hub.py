@@ -322,9 +322,10 @@ def test_serve_sh_checks_the_ports_before_any_download(hub, tmp_path):
 def test_serve_sh_installs_torch_from_the_index_it_is_given(tmp_path, index):
     """serve.sh in a copy of the tree whose .venv holds stand-ins that record their arguments
     (this machine reaches no index but its own mirror): PARAKEET_TORCH_INDEX becomes pip's
-    --index-url for torch alone."""
+    --index-url for torch alone, without its dependencies (tests/test_install_torch.py installs for real)."""
     (tmp_path / "scripts").mkdir()
-    (tmp_path / "scripts" / "serve.sh").write_text((ROOT / "scripts" / "serve.sh").read_text())
+    for script in ("serve.sh", "install_torch.sh"):
+        (tmp_path / "scripts" / script).write_text((ROOT / "scripts" / script).read_text())
     bin_ = tmp_path / ".venv" / "bin"
     bin_.mkdir(parents=True)
     for tool in ("python", "pip", "parakeet-serve"):
@@ -336,5 +337,5 @@ def test_serve_sh_installs_torch_from_the_index_it_is_given(tmp_path, index):
     subprocess.run(["bash", str(tmp_path / "scripts" / "serve.sh"), "--model", "demo"], env=env, check=True,
                    timeout=60)
     calls = (tmp_path / "calls").read_text().splitlines()
-    torch_line = f"pip install -q torch==2.13.0 --index-url {index}" if index else "pip install -q torch==2.13.0"
-    assert calls == [torch_line, "pip install -q -e .", "parakeet-serve --model demo"]
+    torch_lines = [f"pip install -q --no-deps --retries 0 --timeout 15 torch==2.13.0 --index-url {index}"] if index else []
+    assert calls == [*torch_lines, "pip install -q torch==2.13.0", "pip install -q -e .", "parakeet-serve --model demo"]
