@@ -426,6 +426,23 @@ def test_past_what_ran_in_time_no_live_stream_is_admitted_for_a_while_after_a_li
     assert sch.stats()["queued"] == 0 and sch.stats()["active"] == PROVEN + 2
 
 
+def test_below_what_ran_in_time_a_late_live_chunk_holds_admissions_too_unless_no_live_stream_runs():
+    """A slow machine's capacity may be below PROVEN: a late chunk there must stop admissions as well
+    (a replica serving a handful let in the next waiters while every stream was seconds behind)."""
+    sch = Scheduler(8, 8, target=0.32, sample_rate=RATE)
+    measured(sch, (1, 0.010), (2, 0.011))  # room for every slot
+    running = seq()
+    assert sch.add(running)
+    give_chunks(running, 1)
+    step = sch.schedule()
+    step.items[0].ready_times[0] -= 0.5
+    running.admitted_at -= 0.5
+    sch.postprocess(step)
+    assert not sch.add(seq())  # one live stream, behind: the next waits
+    sch.cancel(running)
+    assert sch.stats()["active"] == 1 and sch.stats()["queued"] == 0  # none running: one is let in at once
+
+
 def test_a_machine_slower_than_real_time_still_serves_one_live_stream_at_a_time():
     sch = Scheduler(4, 4, target=0.32, sample_rate=RATE)
     measured(sch, (1, 0.5), (2, 0.9))  # a round of one stream takes 0.5 s of a 0.16 s chunk

@@ -16,11 +16,13 @@ longer than the audio it serves, and the next step is larger. The line is fitted
 run so far, and a machine whose host work grows with contention (the interpreter lock) can cost
 more per stream at a load it has not run yet. So beyond the most live streams it has served in
 time so far (at least PROVEN), live streams are let in a step at a time, at most a quarter more
-than are running (RAMP at least) between two steps or in PACE, and none for BEHIND_HOLD seconds
-after a step delivered a live chunk later than the latency target (a chunk that waited in the
-queue counts from its admission; such a step also takes back what it had proven). A burst of clients is let in as the steps show what the
-machine holds, not all at once. Before two batch sizes were measured, slots and that pace alone
-decide. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
+than are running (RAMP at least) between two steps or in PACE; and whatever the count, none for
+BEHIND_HOLD seconds after a step delivered a live chunk later than the latency target (a chunk
+that waited in the queue counts from its admission; such a step also takes back what it had
+proven), unless no live stream runs. A burst of clients is let in as the steps show what the
+machine holds, not all at once. The engine measures two batch sizes when it starts
+(calibration.py), so the line is known before the first client; without it, slots and that pace
+alone decide until steps are measured. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
 decide for them.
 """
 
@@ -254,6 +256,15 @@ class Scheduler:
         with self._cv:
             yield
 
+    def forget_steps(self) -> None:
+        """Start the step measurements over: the cost, the busy fraction, what was proven and
+        whether a chunk came late (start-up calibration.py, after its cold step)."""
+        with self._cv:
+            self.cost = StepCost()
+            self._busy.clear()
+            self._timeline = Timeline()
+            self._behind_until, self._proven = 0.0, PROVEN
+
     def stop(self) -> None:
         with self._cv:
             self._stopped = True
@@ -375,11 +386,10 @@ class Scheduler:
             return "every slot is taken"
         if seq.bulk:
             return None
-        live = len(self.live)
-        if live >= self._proven:  # past what has run in time: paced, and held while behind
-            now = time.monotonic()
-            if now < self._behind_until:
-                return f"a live chunk came later than the target: no live admissions for {BEHIND_HOLD:g} s"
+        live, now = len(self.live), time.monotonic()
+        if live and now < self._behind_until:  # (with none running, one is let in however slow the machine)
+            return f"a live chunk came later than the target: no live admissions for {BEHIND_HOLD:g} s"
+        if live >= self._proven:  # past what has run in time: paced
             if now - self._paced_at >= PACE:
                 self._paced_at, self._admitted = now, 0
             if self._admitted >= max(RAMP, (live - self._admitted) // 4):  # those running at the last step
