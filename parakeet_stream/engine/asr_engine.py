@@ -23,7 +23,7 @@ from ..model.precision import check_precision, set_precision
 from .calibration import calibrate
 from .chunker import FrontEnd
 from .errors import EngineError, QueueFull
-from .inbox import Inbox
+from .inbox import Inbox, push_many
 from .info import EngineInfo
 from .languages import Languages
 from .latency import DEFAULT_TARGET
@@ -261,15 +261,13 @@ class ASREngine:
         failed skips its packet (its results say why); the Scheduler is woken once."""
         with self._lock:
             seqs = [self._seqs.get(sid) for sid in sids]
-        ready, pushed = False, 0
-        for seq, samples in zip(seqs, packets):
-            if seq is not None and samples.size and _closed(seq) is None:
-                ready |= seq.inbox.add(samples)
-                pushed += samples.size
+        taking = [(seq, samples) for seq, samples in zip(seqs, packets)
+                  if seq is not None and samples.size and _closed(seq) is None]
+        ready = push_many([seq.inbox for seq, _ in taking], [samples for _, samples in taking], self.scheduler.table)
         if ready:
             self.scheduler.chunk_ready()
         with self._lock:
-            self._audio_seconds += pushed / self.sample_rate
+            self._audio_seconds += sum(samples.size for _, samples in taking) / self.sample_rate
 
     def finalize(self, sid: int) -> None:
         self.scheduler.finalize(self._seq(sid))

@@ -1,15 +1,14 @@
-"""One stream's audio inbox: the samples client threads push, and which chunks they make ready."""
+"""One stream's audio inbox: the samples client threads push, and which chunks they make ready
+(its counters a row of a StreamTable)."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import deque
-from collections.abc import Callable
 
 import numpy as np
 
 from ..model.conformer import ChunkSpec
+from .stream_table import StreamTable
 
 
 class SampleBuffer:
@@ -48,30 +47,24 @@ class SampleBuffer:
 
 
 class Inbox:
-    """Written by the client threads (`add`), under its lock. The others only take what was
-    added: the Scheduler the arrival times of ready chunks, the pre-encode stage the samples.
-    The Scheduler reads without the lock (it looks at every stream at every step): only it takes
-    arrival times out, so one it saw stays there, and a prediction made from fields a push is
-    halfway through changing is only a wake-up a little early or late.
+    """A stream's audio: its samples (a SampleBuffer) and its counters, a row of a StreamTable
+    (stream_table.py). Until admission the row is in a table of its own; the Scheduler moves it
+    into its slot's row of the shared table (`move_to`) and back out when the slot is released
+    (`move_out`). Client threads add (`add`, or the engine's `push_many`); the Scheduler takes
+    ready chunks, the pre-encode stage samples; all under the table's one lock.
 
     A chunk is ready once the samples whose log-mel frames reach its end (ChunkSpec.frames_through)
-    arrived; the pre-encode stage cuts it by the same frame count. A push that makes one ready calls
-    `on_ready` (set by the Scheduler at admission: it then looks at this stream at its next plan).
+    arrived; the pre-encode stage cuts it by the same frame count.
     """
 
     def __init__(self, spec: ChunkSpec, hop: int, n_fft: int):
         self.spec = spec
         self._hop = hop
         self._tail = n_fft - n_fft // 2  # the centred STFT's frame f ends at sample f * hop + _tail
-        self._samples = SampleBuffer()
-        self._ready_times: deque[float] = deque()  # arrival of the sample making each chunk ready, not yet taken
-        self.samples_in = 0
-        self._last_arrival = 0.0
-        self._last_push = 0  # samples of the last add: the client's packet
-        self.chunks_ready = 0
-        self._next_ready = self.samples_for(0)  # samples that make the next chunk ready
-        self._lock = threading.Lock()
-        self.on_ready: Callable[[], None] | None = None  # called as a chunk becomes ready (the Scheduler's mark)
+        self.samples = SampleBuffer()
+        self.table, self.row = StreamTable(1), 0
+        first, more = self.readiness
+        self.table.first[0], self.table.every[0] = first, more
 
     @property
     def readiness(self) -> tuple[int, int]:
@@ -84,6 +77,19 @@ class Inbox:
         """Samples of audio per chunk after the first: how often the stream needs a step."""
         return self.spec.chunk_frames * self._hop
 
+    @property
+    def chunks_ready(self) -> int:
+        return self.table.ready[self.row]
+
+    @property
+    def chunks_taken(self) -> int:
+        """Ready chunks the Scheduler took (scheduled)."""
+        return self.table.taken[self.row]
+
+    @property
+    def samples_in(self) -> int:
+        return self.table.samples_in[self.row]
+
     def samples_for(self, chunk: int) -> int:
         """Samples a stream needs before its chunk `chunk` (0-based) is ready, lookahead included."""
         return (self.spec.frames_through(chunk) - 1) * self._hop + self._tail
@@ -92,49 +98,76 @@ class Inbox:
     def add(self, samples: np.ndarray) -> bool:
         """Append samples; True when they made a chunk ready (only then is there news for the Scheduler)."""
         now = time.monotonic()
-        with self._lock:
-            self._samples.append(samples)
-            self.samples_in += samples.size
-            self._last_arrival = now
-            self._last_push = samples.size or self._last_push
-            before = self.chunks_ready
-            while self.samples_in >= self._next_ready:
-                self.chunks_ready += 1  # before its time: the Scheduler never sees more times than chunks
-                self._ready_times.append(now)
-                self._next_ready = self.samples_for(self.chunks_ready)
-            if self.chunks_ready == before:
-                return False
-        if self.on_ready is not None:
-            self.on_ready()
-        return True
+        while True:
+            table = self.table
+            with table.lock:
+                if table is self.table:  # (not moved meanwhile)
+                    self.samples.append(samples)
+                    return table.push(self.row, samples.size, now)
 
-    # --- the Scheduler ----------------------------------------------------------------------
+    # --- the Scheduler ------------------------------------------------------------------------
+    def move_to(self, table: StreamTable, row: int) -> None:
+        """Into `table`'s row `row` (admission: its slot's), counters and arrival times with it."""
+        old = self.table
+        with old.lock, table.lock:
+            old.copy_row(self.row, table, row)
+            self.table, self.row = table, row
+
+    def move_out(self) -> None:
+        """Out of the shared table into one of its own (its slot is released: the row goes to another)."""
+        self.move_to(StreamTable(1), 0)
+
     def next_chunk(self, sample_rate: int) -> tuple[float | None, float | None]:
         """(arrival time of the oldest ready chunk not taken yet, None); with none ready, (None,
         when the next one will be, at real-time pacing in packets the size of the last one, or None
-        before the first one). A chunk comes with the packet that holds its last sample, so the
-        prediction is the arrival of that packet, not of the sample."""
-        if self._ready_times:
-            return self._ready_times[0], None
-        if not self.chunks_ready:
-            return None, None
-        push = self._last_push
-        packets = max(0, -(-(self._next_ready - self.samples_in) // push))
-        return None, self._last_arrival + packets * push / sample_rate
+        before the first one)."""
+        table, row = self.table, self.row
+        with table.lock:
+            if table.times[row]:
+                return table.times[row][0], None
+            if not table.ready[row]:
+                return None, None
+            return None, float(table.due(np.array([row]), sample_rate)[0])
 
     def take_ready(self, n: int) -> list[float]:
-        """Arrival times of the next `n` ready chunks (the Scheduler schedules them)."""
-        times = self._ready_times
-        if n >= len(times):  # (nearly always: a step takes every ready chunk of a live stream)
-            out = list(times)
-            for _ in out:  # popleft, not clear(): a push may append meanwhile
-                times.popleft()
-            return out
-        return [times.popleft() for _ in range(n)]
+        """Arrival times of the next `n` ready chunks (at most those ready): the Scheduler schedules them."""
+        with self.table.lock:
+            return self.table.take(self.row, n)
 
     # --- the pre-encode stage ---------------------------------------------------------------
     def take_samples(self, upto: int | None = None) -> np.ndarray:
         """Samples not taken yet, up to the `upto`-th of the stream (all when None)."""
-        with self._lock:
-            taken = self.samples_in - len(self._samples)
-            return self._samples.take(None if upto is None else max(0, upto - taken))
+        with self.table.lock:
+            return self.take_samples_locked(upto)
+
+    def take_samples_locked(self, upto: int | None) -> np.ndarray:
+        """take_samples with the table's lock held (a step takes every stream's under one)."""
+        taken = self.table.samples_in[self.row] - len(self.samples)
+        return self.samples.take(None if upto is None else max(0, upto - taken))
+
+
+def take_step_samples(inboxes: list[Inbox], upto: list[int | None]) -> list[np.ndarray]:
+    """take_samples of a step's streams, under one lock: every stream of a step is admitted, its
+    row in the Scheduler's table (one not there takes its own)."""
+    if not inboxes:
+        return []
+    table = inboxes[0].table
+    with table.lock:
+        got = [inbox.take_samples_locked(n) if inbox.table is table else None for inbox, n in zip(inboxes, upto)]
+    return [inbox.take_samples(n) if out is None else out for inbox, n, out in zip(inboxes, upto, got)]
+
+
+def push_many(inboxes: list[Inbox], packets: list[np.ndarray], table: StreamTable) -> bool:
+    """Inbox.add of many streams' packets at once: those in `table` (admitted) under one lock, the
+    others one by one. True when any chunk became ready."""
+    now, ready, rest = time.monotonic(), False, []
+    with table.lock:
+        for inbox, samples in zip(inboxes, packets):
+            if inbox.table is table:
+                inbox.samples.append(samples)
+                ready |= table.push(inbox.row, samples.size, now)
+            else:
+                rest.append((inbox, samples))
+    for inbox, samples in rest:
+        ready |= inbox.add(samples)
+    return ready

@@ -38,6 +38,7 @@ from ..model.rnnt import DecoderState
 from . import chunker, phrases
 from .cuda_graphs import StaticBatches, graph_sizes
 from .beams import BeamCommits
+from .inbox import take_step_samples
 from .step import Batch, Step, StepItem
 from .streams import StageStreams
 
@@ -111,7 +112,7 @@ class ModelRunner:
     # --- stages ----------------------------------------------------------------------------
     def pre_encode(self, step: Step) -> None:
         live = [item for item in step if item.live]
-        samples = [item.seq.inbox.take_samples(item.samples_upto) for item in live]
+        samples = take_step_samples([item.seq.inbox for item in live], [item.samples_upto for item in live])
         step.batches = sorted(self._pre_encoded(step, live, samples) if live else [], key=attrgetter("round"))
         self.streams.hand_on(step, "encode")
 

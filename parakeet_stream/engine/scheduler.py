@@ -16,13 +16,12 @@ longer than the audio it serves, and the next step is larger. The line is fitted
 run so far, and a machine whose host work grows with contention (the interpreter lock) can cost
 more per stream at a load it has not run yet. So beyond the most live streams it has served in
 time so far (at least PROVEN), live streams are let in a step at a time, at most a quarter more
-than are running (RAMP at least) between two steps or in PACE; and whatever the count, none for
-BEHIND_HOLD seconds after a step delivered a live chunk later than the latency target (a chunk
-that waited in the queue counts from its admission; such a step also takes back what it had
-proven), unless no live stream runs. A burst of clients is let in as the steps show what the
-machine holds, not all at once. The engine measures two batch sizes when it starts
-(calibration.py), so the line is known before the first client; without it, slots and that pace
-alone decide until steps are measured. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
+than are running (RAMP at least) between two steps or in PACE, and none for BEHIND_HOLD seconds
+after a step delivered a live chunk later than the latency target (a chunk that waited in the
+queue counts from its admission; such a step also takes back what it had proven). A burst of
+clients is let in as the steps show what the machine holds, not all at once. The engine measures
+two batch sizes when it starts (calibration.py), so the line is known before the first client;
+without it, slots and that pace alone decide until steps are measured. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
 decide for them.
 """
 
@@ -34,13 +33,15 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
-from functools import partial
+
+import numpy as np
 
 from .errors import QueueFull
 from .latency import LatencyTarget
 from .policy import LOADED, SATURATED, Backlog, Ready, StepCost, Timeline, decide
 from .sequence import DEAD, Sequence, Status
 from .step import Step, StepItem
+from .stream_table import StreamTable
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +103,11 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
         self.live = LiveStreams()
-        # streams that may have work: checked at each plan (dropped there when they have none), so a
-        # plan looks at the streams with news, not at every stream; their inboxes mark them (`_marked`,
-        # appended to without the lock) as a chunk becomes ready, a final and admission here
-        self._ready: dict[Sequence, None] = {}
-        self._marked: deque[Sequence] = deque()
+        # every admitted stream's audio counters, a row per slot (stream_table.py): a plan finds the
+        # streams with ready chunks by one comparison over it
+        self.table = StreamTable(max_num_streams)
+        self._at_slot: list[Sequence | None] = [None] * max_num_streams
+        self._finals: dict[Sequence, None] = {}  # their final came; their last step is not scheduled yet
         self._in_flight: list[Step] = []
         self._last_done = 0.0  # when the last step was done
         self._timeline = Timeline()  # when the steps in flight are predicted to be done
@@ -161,13 +162,15 @@ class Scheduler:
             seq.final_at = time.monotonic()
             if seq.status is Status.RUNNING:
                 seq.status = Status.FINALIZING
-            self._ready[seq] = None
+                self.table.finalizing[seq.slot] = True
+            self._finals[seq] = None
             self._cv.notify_all()
             return True
 
     def cancel(self, seq: Sequence) -> list[Sequence]:
         """The client left: drop its work. Returns the streams whose queue state changed."""
         with self._cv:
+            self._finals.pop(seq, None)
             if seq.status is Status.WAITING:
                 seq.status = Status.CANCELLED
                 i = self.waiting.index(seq)
@@ -175,6 +178,7 @@ class Scheduler:
                 return list(self.waiting)[i:]
             if seq.status in (Status.RUNNING, Status.FINALIZING):
                 seq.status = Status.CANCELLED
+                self.table.open[seq.slot] = False
                 self.live.discard(seq)
                 if seq.in_flight == 0:
                     return self._release(seq)
@@ -235,6 +239,7 @@ class Scheduler:
                 seq.in_flight -= 1
                 if failed and seq.status not in DEAD:
                     seq.status = Status.FAILED
+                    self.table.open[seq.slot] = False
                     self.live.discard(seq)
                     newly_failed.append(seq)
                 if seq.in_flight == 0 and (seq.status in DEAD or item.last):
@@ -297,7 +302,7 @@ class Scheduler:
         if not chosen:
             return None, timeout
         step = self._make_step(chosen, now)
-        # its oldest work's arrival, as _ready_at saw it: the first ready chunk taken, or the final
+        # its oldest work's arrival, as the plan saw it: the first ready chunk taken, or the final
         live = [(item.ready_times[0] if item.ready_times else item.final_at, item.chunks) for item in step
                 if not item.seq.bulk]
         step.predicted_seconds = self._timeline.add(live, [item.chunks for item in step], now, self.cost)
@@ -306,59 +311,55 @@ class Scheduler:
         return step, None
 
     def _candidates(self) -> tuple[list[Ready], list[Backlog[Sequence]]]:
-        """Live streams with a ready chunk (or their final), and bulk streams with work."""
-        while self._marked:
-            self._ready[self._marked.popleft()] = None
+        """Live streams with a ready chunk (or their final), and bulk streams with work: the rows of
+        the table with a ready chunk not taken, found at once, then the finals with nothing else left."""
+        table, at_slot = self.table, self._at_slot
         ready, backlogs = [], []
-        for seq in list(self._ready):
-            ready_at = self._ready_at(seq) if self.active.get(seq.stream_id) is seq else None
-            if ready_at is None:
-                del self._ready[seq]  # its next chunk (or final) marks it again
-            elif seq.bulk:
-                backlogs.append(Backlog(ready_at, self._pending(seq), seq))
-            else:
-                ready.append(Ready(ready_at, seq, self._pending(seq)))
+        with table.lock:
+            times, got, taken = table.times, table.ready, table.taken
+            for row in table.with_work().tolist():
+                seq = at_slot[row]
+                if seq.bulk:
+                    backlogs.append(Backlog(times[row][0], got[row] - taken[row], seq))
+                else:
+                    ready.append(Ready(times[row][0], seq, got[row] - taken[row]))
+            for seq in self._finals:  # (few: those whose final came) with only their last, partial chunk left
+                slot = seq.slot
+                if slot is not None and table.open[slot] and got[slot] == taken[slot]:
+                    (backlogs.append(Backlog(seq.final_at, 0, seq)) if seq.bulk
+                     else ready.append(Ready(seq.final_at, seq, 0)))
         return ready, backlogs
-
-    def _ready_at(self, seq: Sequence) -> float | None:
-        """When its oldest work not scheduled came (a ready chunk, or its final), or None: nothing to schedule."""
-        if seq.last_scheduled or seq.status in DEAD:
-            return None
-        ready_at, _ = seq.inbox.next_chunk(self.sample_rate)
-        return seq.final_at if ready_at is None and seq.status is Status.FINALIZING else ready_at
 
     def _upcoming(self) -> tuple[list[float], int]:
         """The predicted arrivals of the next chunks of live streams without a ready one, and how many
-        live streams are running: a look at every stream."""
-        upcoming, live_streams = [], 0
-        for seq in self.active.values():
-            if seq.bulk or seq.last_scheduled or seq.status in DEAD:
-                continue
-            live_streams += 1
-            ready_at, due = seq.inbox.next_chunk(self.sample_rate)
-            if ready_at is None and due is not None and seq.status is not Status.FINALIZING:
-                upcoming.append(due)
-        return upcoming, live_streams
-
-    def _pending(self, seq: Sequence) -> int:
-        """Its ready chunks not scheduled yet."""
-        return seq.inbox.chunks_ready - seq.chunks_scheduled
+        live streams are running: a look at every row of the table."""
+        table = self.table
+        live = table.open & ~table.bulk
+        with table.lock:
+            got = np.array(table.ready)
+            quiet = np.flatnonzero(live & (got == np.array(table.taken)) & (got > 0) & ~table.finalizing)
+            due = table.due(quiet, self.sample_rate)
+        return due.tolist(), int(live.sum())
 
     def _make_step(self, chosen: list[tuple[Sequence, int]], now: float) -> Step:
         """A step of the chosen streams, each with up to its number of ready chunks."""
-        items = []
-        for seq, n in chosen:
-            times = seq.inbox.take_ready(n)
-            first = seq.chunks_scheduled == 0
-            seq.chunks_scheduled += len(times)
-            # a long backlog goes in several steps so that live streams are not held behind it
-            last = seq.status is Status.FINALIZING and seq.chunks_scheduled == seq.inbox.chunks_ready
-            # a backlog is framed only as far as this step's chunks need: features of all of it at once would
-            # cost memory and time for chunks later steps take
-            upto = None if last else seq.inbox.samples_for(seq.chunks_scheduled - 1)
-            seq.last_scheduled = last
-            seq.in_flight += 1
-            items.append(StepItem(seq, seq.slot, len(times), last, first, times, seq.final_at, upto))
+        table, items = self.table, []
+        with table.lock:
+            for seq, n in chosen:
+                slot = seq.slot
+                first = table.taken[slot] == 0
+                times = table.take(slot, n)
+                # a long backlog goes in several steps so that live streams are not held behind it
+                last = seq.status is Status.FINALIZING and table.taken[slot] == table.ready[slot]
+                # a backlog is framed only as far as this step's chunks need: features of all of it at once
+                # would cost memory and time for chunks later steps take
+                upto = None if last else table.first[slot] + (table.taken[slot] - 1) * table.every[slot]
+                if last:
+                    seq.last_scheduled = True
+                    table.open[slot] = False
+                    self._finals.pop(seq, None)
+                seq.in_flight += 1
+                items.append(StepItem(seq, slot, len(times), last, first, times, seq.final_at, upto))
         step = Step(items, now)
         self._in_flight.append(step)
         return step
@@ -386,10 +387,11 @@ class Scheduler:
             return "every slot is taken"
         if seq.bulk:
             return None
-        live, now = len(self.live), time.monotonic()
-        if live and now < self._behind_until:  # (with none running, one is let in however slow the machine)
-            return f"a live chunk came later than the target: no live admissions for {BEHIND_HOLD:g} s"
-        if live >= self._proven:  # past what has run in time: paced
+        live = len(self.live)
+        if live >= self._proven:  # past what has run in time: paced, and held while behind
+            now = time.monotonic()
+            if now < self._behind_until:
+                return f"a live chunk came later than the target: no live admissions for {BEHIND_HOLD:g} s"
             if now - self._paced_at >= PACE:
                 self._paced_at, self._admitted = now, 0
             if self._admitted >= max(RAMP, (live - self._admitted) // 4):  # those running at the last step
@@ -422,16 +424,24 @@ class Scheduler:
     def _admit(self, seq: Sequence) -> None:
         if not seq.bulk and len(self.live) >= self._proven:  # past what ran in time: paced
             self._admitted += 1
-        seq.slot, seq.admitted_at = self.free.popleft(), time.monotonic()
+        slot = self.free.popleft()
+        seq.slot, seq.admitted_at = slot, time.monotonic()
         seq.status = Status.FINALIZING if seq.final_at is not None else Status.RUNNING
         self.active[seq.stream_id] = seq
         self.live.add(seq)
-        seq.inbox.on_ready = partial(self._marked.append, seq)
-        self._ready[seq] = None  # what it sent while it waited
+        seq.inbox.move_to(self.table, slot)  # with what it sent while it waited
+        self._at_slot[slot] = seq
+        table = self.table
+        table.open[slot], table.bulk[slot], table.finalizing[slot] = True, seq.bulk, seq.final_at is not None
 
     def _release(self, seq: Sequence) -> list[Sequence]:
         """Free the stream's slot and admit waiting streams; returns every stream whose state changed."""
-        self.free.append(seq.slot)
+        table, slot = self.table, seq.slot
+        table.open[slot] = table.finalizing[slot] = False
+        seq.inbox.move_out()  # a push that comes now lands in its own table, not in the row's next stream's
+        self._at_slot[slot] = None
+        self._finals.pop(seq, None)
+        self.free.append(slot)
         seq.slot = None
         if seq.status is Status.FINALIZING:
             seq.status = Status.FINISHED

@@ -47,8 +47,7 @@ class Sequence:
     # lifecycle: written by the Scheduler only, under its lock; the others read it
     status: Status = Status.WAITING
     slot: int | None = None
-    in_flight: int = 0  # scheduled steps not yet taken back
-    chunks_scheduled: int = 0
+    in_flight: int = 0  # scheduled steps not yet taken back (its chunks taken: its inbox's `chunks_taken`)
     last_scheduled: bool = False  # its last step is scheduled: nothing more to schedule
     final_at: float | None = None  # when the client's final came
     admitted_at: float | None = None  # when it took its slot
