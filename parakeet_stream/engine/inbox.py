@@ -50,8 +50,8 @@ class Inbox:
     """A stream's audio: its samples (a SampleBuffer) and its counters, a row of a StreamTable
     (stream_table.py). Until admission the row is in a table of its own; the Scheduler moves it
     into its slot's row of the shared table (`move_to`) and back out when the slot is released
-    (`move_out`). Client threads add (`add`, or the engine's `push_many`); the Scheduler takes
-    ready chunks, the pre-encode stage samples; all under the table's one lock.
+    (`move_out`). Client threads add (`add`, or the engine's `push_many`); the Scheduler takes ready
+    chunks from the table, the pre-encode stage samples; all under the table's one lock.
 
     A chunk is ready once the samples whose log-mel frames reach its end (ChunkSpec.frames_through)
     arrived; the pre-encode stage cuts it by the same frame count.
@@ -116,23 +116,6 @@ class Inbox:
     def move_out(self) -> None:
         """Out of the shared table into one of its own (its slot is released: the row goes to another)."""
         self.move_to(StreamTable(1), 0)
-
-    def next_chunk(self, sample_rate: int) -> tuple[float | None, float | None]:
-        """(arrival time of the oldest ready chunk not taken yet, None); with none ready, (None,
-        when the next one will be, at real-time pacing in packets the size of the last one, or None
-        before the first one)."""
-        table, row = self.table, self.row
-        with table.lock:
-            if table.times[row]:
-                return table.times[row][0], None
-            if not table.ready[row]:
-                return None, None
-            return None, float(table.due(np.array([row]), sample_rate)[0])
-
-    def take_ready(self, n: int) -> list[float]:
-        """Arrival times of the next `n` ready chunks (at most those ready): the Scheduler schedules them."""
-        with self.table.lock:
-            return self.table.take(self.row, n)
 
     # --- the pre-encode stage ---------------------------------------------------------------
     def take_samples(self, upto: int | None = None) -> np.ndarray:

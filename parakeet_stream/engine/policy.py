@@ -87,10 +87,6 @@ class StepCost:
     def measured(self) -> bool:
         return bool(self._seconds)
 
-    def measured_steps(self) -> dict[int, float]:
-        """{batch: seconds of a round} as measured (a copy)."""
-        return dict(sorted(self._seconds.items()))
-
     def knows(self, batch: int) -> bool:
         """A batch this size or smaller was measured: its cost is not just bounded by a larger one's."""
         return bool(self._batches) and self._batches[0] <= batch

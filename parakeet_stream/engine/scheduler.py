@@ -19,9 +19,8 @@ time so far (at least PROVEN), live streams are let in a step at a time, at most
 than are running (RAMP at least) between two steps or in PACE, and none for BEHIND_HOLD seconds
 after a step delivered a live chunk later than the latency target (a chunk that waited in the
 queue counts from its admission; such a step also takes back what it had proven). A burst of
-clients is let in as the steps show what the machine holds, not all at once. The engine measures
-two batch sizes when it starts (calibration.py), so the line is known before the first client;
-without it, slots and that pace alone decide until steps are measured. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
+clients is let in as the steps show what the machine holds, not all at once. Before two batch
+sizes were measured, slots and that pace alone decide. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
 decide for them.
 """
 
@@ -260,15 +259,6 @@ class Scheduler:
         """No step is scheduled while held: a burst of pushes lands in one step (benchmarks)."""
         with self._cv:
             yield
-
-    def forget_steps(self) -> None:
-        """Start the step measurements over: the cost, the busy fraction, what was proven and
-        whether a chunk came late (start-up calibration.py, after its cold step)."""
-        with self._cv:
-            self.cost = StepCost()
-            self._busy.clear()
-            self._timeline = Timeline()
-            self._behind_until, self._proven = 0.0, PROVEN
 
     def stop(self) -> None:
         with self._cv:
