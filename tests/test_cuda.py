@@ -98,23 +98,18 @@ def test_32_mixed_mode_streams_pushed_from_threads_capture_nothing_and_fail_noth
 
 
 def test_a_steady_state_step_syncs_only_for_its_tokens(eou_model, wavs):
-    engine = ASREngine(on_cuda(eou_model), "cuda", max_num_streams=4)  # not started: the test runs the stages
-    runner = engine.runner
+    engine = ASREngine(on_cuda(eou_model), "cuda", max_num_streams=4)  # not started: the test runs its steps
     for sid in [engine.create_stream() for _ in range(3)]:
         engine.push_audio(sid, wavs["sentence"][:48000])
     steps_synced = []
     for _ in range(3):  # the first step warms up (first chunks, lazy allocations)
-        step = engine.scheduler.schedule()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                runner.pre_encode(step)
-                runner.encode(step)
-                runner.decode(step)
+                step = engine.step()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        engine.scheduler.postprocess(step)
         assert step.batches and all(item.tokens for item in step)
         steps_synced.append([str(w.message) for w in caught if "synchroniz" in str(w.message)])
     assert all(len(synced) <= 1 for synced in steps_synced[1:]), steps_synced  # at most the token copy

@@ -35,6 +35,29 @@ def test_32_streams_random_packets_match_solo(eou_model, wavs):
     assert together == solo
 
 
+def test_steps_driven_by_hand_give_what_the_threads_give(eou_model, wavs):
+    """ASREngine.step() is the whole step the stage threads run spread out: called in a loop on
+    one thread, with the stage threads never started, every stream gets the same tokens."""
+    audios = varied_audios(wavs, 6)
+    with ASREngine(eou_model, max_num_streams=6) as engine:
+        threaded = [tokens_of(run_stream(engine, a)) for a in audios]
+    engine = ASREngine(eou_model, max_num_streams=3)  # not started: half the streams queue for a slot
+    sids = [engine.create_stream() for _ in audios]
+    for sid, audio in zip(sids, audios):
+        engine.push_audio(sid, audio)
+        engine.finalize(sid)
+    results = {sid: [] for sid in sids}
+    steps = 0
+    while not all(r and r[-1].is_final for r in results.values()):
+        step = engine.step()
+        assert step is not None and step.seconds.keys() == {"pre-encode", "encode", "decode", "results"}
+        steps += 1
+        for sid in sids:
+            results[sid] += engine.collect(sid)
+    assert steps >= 2 and [tokens_of(results[sid]) for sid in sids] == threaded
+    assert engine.step_totals().steps == steps and engine.stats()["active"] == 0
+
+
 def test_modes_batched_per_lookahead_match_solo(nemotron_model, wavs):
     audios = varied_audios(wavs, 8)
     modes = nemotron_model.cfg.encoder.att_context_sizes

@@ -105,6 +105,7 @@ class ASREngine:
         self.results = ResultBuilder(model.frame_seconds, tok.eou_id if tok else None, endpoint_frames,
                                      tok.language_tags if tok else None)
         self.pipeline = self._route(threads)
+        self._whole_step = Stage("step", tuple(self.step_stages()))
         self._seqs: dict[int, Sequence] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -309,6 +310,15 @@ class ASREngine:
             return StepTotals(self._totals.steps, self._totals.chunks, dict(self._totals.seconds))
 
     # --- one step, in order: schedule -> pre-encode -> encode -> decode -> results -> postprocess -> publish
+    def step(self) -> Step | None:
+        """One whole step on the calling thread (None once the engine stopped): what the stage threads
+        run spread out, two steps in flight (`_route`). For a caller that drives the engine itself
+        (tests, tools): the engine must not be started, or its threads take the steps."""
+        step = self.scheduler.schedule()  # the streams to run and their chunks (blocks until there are)
+        if step is not None and self.pipeline.run(self._whole_step, step):  # model stages, then results
+            self._deliver(step)  # postprocess (slots freed, waiters admitted), then publish
+        return step
+
     def step_stages(self) -> list[tuple[str, Callable[[Step], None]]]:
         """What runs on a step once the Scheduler picked it (`Scheduler.schedule`), in order, each
         timed under its name; `_deliver` then ends it: postprocess (slots released, waiters
@@ -334,7 +344,7 @@ class ASREngine:
             stages = [Stage("pre-encode", (pre_encode,), alone, partial(enter, "pre-encode")),
                       Stage("encode", (encode,), team, partial(enter, "encode")),
                       Stage("decode", tuple(decode), alone, partial(enter, "decode"))]
-        else:  # on a CPU whose every core is in the encoder's team
+        else:  # on a CPU whose every core is in the encoder's team: step() on one thread, in a loop
             stages = [Stage("step", (pre_encode, encode, *decode), team)]
         return Pipeline(schedule=self.scheduler.schedule, stages=stages, deliver=self._deliver, fail=self._fail,
                         device_at=device_at)

@@ -137,21 +137,28 @@ class Pipeline:
                 if out is not None:
                     out.put(_STOP)
                 return
-            try:
-                with torch.inference_mode():
-                    for name, run in stage.runs:
-                        start = time.perf_counter()
-                        self._busy[stage.name] = (name, step, start)
-                        run(step)
-                        step.seconds[name] = time.perf_counter() - start
-                        self._longest = max(self._longest, step.seconds[name])
-            except Exception as exc:  # noqa: BLE001 - a model fault must not kill the thread
-                log.error("inference failed for %d stream(s): %r", len(step), exc)
-                self._fail(step)
+            if not self.run(stage, step):
                 continue
-            finally:
-                self._busy.pop(stage.name, None)
             if out is not None:
                 out.put(step)
             else:
                 self._deliver(step)
+
+    def run(self, stage: Stage, step: Step) -> bool:
+        """`stage`'s runs on `step` in order, each timed under its name and watched; False where one
+        raised (the step went to `fail`: only its streams fail)."""
+        try:
+            with torch.inference_mode():
+                for name, run in stage.runs:
+                    start = time.perf_counter()
+                    self._busy[stage.name] = (name, step, start)
+                    run(step)
+                    step.seconds[name] = time.perf_counter() - start
+                    self._longest = max(self._longest, step.seconds[name])
+        except Exception as exc:  # noqa: BLE001 - a model fault must not kill the thread
+            log.error("inference failed for %d stream(s): %r", len(step), exc)
+            self._fail(step)
+            return False
+        finally:
+            self._busy.pop(stage.name, None)
+        return True
