@@ -32,6 +32,7 @@ from .options import auto_num_streams
 from .phrases import LabelPriors, Phrase, boosting_tree
 from .pipeline import DEPTH, Pipeline, Stage
 from .policy import bulk_lookahead
+from .result_rows import ResultRows
 from .results import DecoderProgress, ResultBuilder, StreamResult
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -128,6 +129,7 @@ class ASREngine:
             start_phases=lap.seconds,
             languages=self.languages.names,
             default_language=self.languages.default,
+            endpoint_frames=endpoint_frames,
         )
         log.info("engine ready in %.1f s (%s)", self.info.start_seconds,
                  ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in lap.seconds.items()))
@@ -280,6 +282,24 @@ class ASREngine:
                 self._seqs.pop(sid, None)
         return results
 
+    def send_rows(self, sid: int, sink) -> None:
+        """The stream's results go to `sink` as rows (result_rows.py), not to its outbox: one
+        `sink.put(rows, live)` per step for all of that sink's streams (`live`: the step had a live
+        stream's chunk: its delivery counts towards the latency target, `delivered`). An engine
+        service's client does this for its streams: its worker process builds their results. Errors
+        and queue news still come through the outbox and its listeners."""
+        self._seq(sid).sink = sink
+
+    def delivered(self, seconds: float) -> None:
+        """Results of a live stream that went to a sink reached their client `seconds` after the step."""
+        self.scheduler.delivered(seconds)
+
+    def _forget(self, sids: Iterable[int]) -> None:
+        """Streams whose final result went to their sink: no longer this engine's to answer for."""
+        with self._lock:
+            for sid in sids:
+                self._seqs.pop(sid, None)
+
     def add_listener(self, sid: int, callback: Callable[[], None]) -> None:
         self._seq(sid).outbox.listen(callback)
 
@@ -350,20 +370,24 @@ class ASREngine:
                         device_at=device_at)
 
     def _results(self, step: Step) -> None:
-        """Each chunk's result from its new tokens; a stream's last step adds its final result."""
-        now = time.monotonic()
+        """Each chunk's result from its new tokens; a stream's last step adds its final result. A
+        stream with a sink gets them as rows, its sink's streams' in one ResultRows."""
+        now, sunk = time.monotonic(), {}
         for item in step:
             if not item.live:
                 continue
             seq = item.seq
-            for r, tokens in enumerate(item.tokens):
-                ready = item.ready_times[r] if r < len(item.ready_times) else item.final_at
-                result = self.results.build(seq.stream_id, seq.decoding, tokens, item.frames[r], False, now - ready,
-                                            item.eou[r])
-                step.results.append((seq, result))
+            rows = [(seq.stream_id, tokens, item.frames[r], False,
+                     now - (item.ready_times[r] if r < len(item.ready_times) else item.final_at), item.eou[r])
+                    for r, tokens in enumerate(item.tokens)]
             if item.last:
-                final = self.results.build(seq.stream_id, seq.decoding, item.final_tokens, 0, True, None)
-                step.results.append((seq, final))
+                rows.append((seq.stream_id, item.final_tokens, 0, True, None, 0.0))
+            if seq.sink is not None:
+                sunk.setdefault(seq.sink, []).extend(rows)
+                continue
+            step.results += [(seq, self.results.build(sid, seq.decoding, tokens, frames, final, latency, eou))
+                             for sid, tokens, frames, final, latency, eou in rows]
+        step.rows = [(sink, ResultRows.of(rows)) for sink, rows in sunk.items()]
 
     def _deliver(self, step: Step) -> None:
         if log.isEnabledFor(logging.DEBUG):
@@ -375,6 +399,10 @@ class ASREngine:
             self._totals.add(step)
         for seq, result in step.results:
             seq.outbox.publish(result, notify=False)
+        for sink, rows in step.rows:
+            sink.put(rows, not all(item.seq.bulk for item in step))
+        if step.rows:
+            self._forget(sid for _, rows in step.rows for sid in rows.sids[rows.final].tolist())
         _notify(list(dict.fromkeys([*(seq for seq, _ in step.results), *changed])))
 
     def _fail(self, step: Step) -> None:

@@ -6,11 +6,13 @@ Audio, finals and cancels are sent and not answered; every message leaves from a
 in order, and audio packets queued together leave as one Audio message. A stream's audio is held
 here until it makes a chunk ready (the engine can do nothing with less: `_Held`), so that the
 engine process takes one packet per chunk however small the client's packets (20 ms from many
-voice-agent frameworks: eight times fewer); a stream's results and queue position come
-as News and wait in an Outbox as the engine's own do; opening a stream and the figures (stats,
-step totals, latency, health) are asked and answered, blocking the caller for a round trip (a
-stream's opening, an HTTP probe: not per audio message). When the engine process goes away, every
-open stream gets a final `inference_error` result, `healthy()` turns False and `on_lost` runs.
+voice-agent frameworks: eight times fewer). A step's results for this process's streams come as
+one Rows message and are built here, each stream's text and times with its own DecoderProgress
+(result_rows.py): the engine process does no per-stream result work for a worker. A stream's queue
+position and errors come as News; results wait in an Outbox as the engine's own do. Opening a
+stream and the figures (stats, step totals, latency, health) are asked and answered, blocking the
+caller for a round trip (a stream's opening, an HTTP probe: not per audio message). When the
+engine process goes away, every open stream gets a final `inference_error` result, `healthy()` turns False and `on_lost` runs.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from ..model.tokenizer import Tokenizer
 from .errors import EngineError, QueueFull
 from .info import EngineInfo
 from .languages import Languages
-from .messages import Answer, Ask, Audio, Cancel, Final, FromEngine, Framer, Hello, News, Open, Opened, Refused
+from .messages import Answer, Ask, Audio, Cancel, Final, FromEngine, Framer, Hello, News, Open, Opened, Refused, Rows
 from .phrases import Phrase, PhraseError, boosting_tree
-from .results import Outbox, StreamResult
+from .result_rows import ResultRows
+from .results import DecoderProgress, Outbox, ResultBuilder, StreamResult
 from .service import SOCKET_BUFFER
 from .step import StepTotals
 
@@ -84,6 +87,7 @@ class _Held:
 class _Stream:
     position: int
     outbox: Outbox = field(default_factory=Outbox)
+    decoding: DecoderProgress | None = None  # its results' progress, built here from the engine's Rows
     final: bool = False  # the client's final was sent
     failed: bool = False
     held: _Held | None = None  # None: every packet is sent as pushed
@@ -108,6 +112,10 @@ class EngineClient:
         self._sent = threading.Condition(out_lock)  # the queue was taken
         self.on_lost = on_lost
         self.info = _info(self._read_hello())
+        self._languages = Languages(self.info.languages)
+        tok = self.info.tokenizer
+        self._results = ResultBuilder(self.info.frame_seconds, tok.eou_id if tok else None, self.info.endpoint_frames,
+                                      tok.language_tags if tok else None)
         self._figures = {what: None for what in FIGURES}
         threading.Thread(target=self._read, name="engine-client", daemon=True).start()
         threading.Thread(target=self._write, name="engine-client-send", daemon=True).start()
@@ -142,8 +150,10 @@ class EngineClient:
         mode = lookahead if lookahead is not None else self.info.bulk_lookahead if bulk else self.info.default_lookahead
         with self._lock:
             stream = self._streams.get(answer.sid)
-        if stream is not None and mode in self.info.ready_samples:
-            stream.held = _Held(*self.info.ready_samples[mode])
+        if stream is not None:  # (before its first audio: no result of it yet)
+            stream.decoding = DecoderProgress(self.info.tokenizer, self._languages.resolve(language))
+            if mode in self.info.ready_samples:
+                stream.held = _Held(*self.info.ready_samples[mode])
         return answer.sid
 
     def queue_position(self, sid: int) -> int:
@@ -195,7 +205,7 @@ class EngineClient:
         boosting_tree(phrases, self.info.tokenizer)
 
     def check_language(self, language: str | None) -> str | None:
-        return Languages(self.info.languages).resolve(language)
+        return self._languages.resolve(language)
 
     # -- figures ------------------------------------------------------------------------
     def healthy(self) -> bool:
@@ -288,6 +298,8 @@ class EngineClient:
         self._lost()
 
     def _handle(self, message) -> None:
+        if isinstance(message, Rows):
+            return self._publish(ResultRows.from_message(message))
         if isinstance(message, News):
             with self._lock:
                 stream = self._streams.get(message.sid)
@@ -310,6 +322,16 @@ class EngineClient:
             done.set()
         elif isinstance(message, Opened):  # its caller gave up waiting: nobody will use it
             self.cancel(message.sid)
+
+    def _publish(self, rows: ResultRows) -> None:
+        """A step's results for this process's streams, built here, each in its stream's outbox."""
+        with self._lock:
+            streams = {sid: self._streams.get(sid) for sid in set(rows.sids.tolist())}
+        results = rows.results(self._results, lambda sid: getattr(streams[sid], "decoding", None))
+        for result in results:
+            streams[result.stream_id].outbox.publish(result, notify=False)
+        for sid in dict.fromkeys(result.stream_id for result in results):
+            streams[sid].outbox.notify()
 
     def _lost(self) -> None:
         """The engine went away: every open stream ends with an error, every caller waiting is told."""
@@ -370,4 +392,5 @@ def _info(hello: Hello) -> EngineInfo:
         start_phases=dict(hello.start_phases),
         languages=tuple(hello.languages),
         default_language=hello.default_language,
+        endpoint_frames=hello.endpoint_frames,
     )

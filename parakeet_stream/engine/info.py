@@ -26,6 +26,7 @@ class EngineInfo:
     start_phases: dict[str, float] = field(default_factory=dict)  # seconds: load, memory, pools, capture
     languages: tuple[str, ...] = ()  # a multilingual model's languages ("en-US", ..., "auto"); none for the others
     default_language: str | None = None  # what a stream that names none gets
+    endpoint_frames: int = 1  # blank encoder frames after a token that end an utterance (a model without <EOU>)
 
     def modes_text(self) -> str:
         """The lookahead modes as a user writes them: '70,1, 70,6'."""

@@ -3,7 +3,8 @@ socket (service.py, client.py): msgpack frames, each a 4-byte length then one ta
 
 Client -> engine: Open (a stream; answered by Opened or Refused), Audio (packets of many
 streams), Final, Cancel, Ask (a figure; answered by Answer). Engine -> client: Hello (the
-model's facts, first), Opened, Refused, News (a stream's queue position and new results), Answer.
+model's facts, first), Opened, Refused, News (a stream's queue position, and results the engine built: errors), Rows (a
+step's results for the client's streams, as columns; result_rows.py), Answer.
 Audio travels as raw float32 bytes at the engine's rate: 80 ms of a stream is about 5 KiB and
 costs a copy, not a parse.
 """
@@ -69,6 +70,7 @@ class Hello(msgspec.Struct, tag=10, array_like=True):
     start_phases: dict[str, float] = {}
     languages: list[str] = []
     default_language: str | None = None
+    endpoint_frames: int = 1  # ResultBuilder's, for the results a client builds from Rows
 
 
 class Opened(msgspec.Struct, tag=11, array_like=True):
@@ -89,13 +91,27 @@ class News(msgspec.Struct, tag=13, array_like=True):
     results: list[StreamResult]
 
 
+class Rows(msgspec.Struct, tag=15, array_like=True):
+    """A step's results for the client's streams, before their text (result_rows.py): each field
+    one column's bytes in native byte order."""
+    sids: bytes
+    frames: bytes
+    final: bytes
+    latency: bytes
+    eou: bytes
+    counts: bytes
+    ids: bytes
+    at: bytes
+    probs: bytes
+
+
 class Answer(msgspec.Struct, tag=14, array_like=True):
     ref: int
     value: Any
 
 
 ToEngine = Union[Open, Audio, Final, Cancel, Ask]
-FromEngine = Union[Hello, Opened, Refused, News, Answer]
+FromEngine = Union[Hello, Opened, Refused, News, Rows, Answer]
 
 
 class Framer:

@@ -6,13 +6,16 @@ A Sequence holds state; behaviour lives with its writer.
 - `front` (chunker.py): the pre-encode stage;
 - `decoding` (results.py): the decode stage;
 - `outbox` (results.py): the engine publishes results (on the decode thread; a failed step's error on
-  the thread of the stage that failed), client threads take them.
+  the thread of the stage that failed), client threads take them; a stream with a `sink` (an
+  engine service's client, service.py) gets its results there as rows instead (result_rows.py),
+  and only errors and queue news in its outbox.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..model.boosting import BoostingTree
 from ..model.config import Lookahead
@@ -44,6 +47,7 @@ class Sequence:
     bulk: bool = False  # its audio is all there at once (a file): no deadlines, spare capacity only (policy.py)
     boosting: BoostingTree | None = None  # its key phrases (phrases.py), loaded into its slot at its first step
     prompt: int | None = None  # its language prompt (languages.py), written into its slot at its first step
+    sink: Any = None  # where its results go as rows, a step's at once (`ASREngine.send_rows`); None: its outbox
     # lifecycle: written by the Scheduler only, under its lock; the others read it
     status: Status = Status.WAITING
     slot: int | None = None

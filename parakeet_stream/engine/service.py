@@ -3,9 +3,11 @@ server's worker processes, client.py) over a Unix socket, in the messages of mes
 
 Each client gets two threads: one reads its messages and calls the engine (the only work the
 engine's interpreter does for the audio: a message of many streams' packets decoded, its samples
-checked and viewed, each packet pushed), one sends what the engine has for its streams. Engine
-listeners only mark a stream as changed; the sending thread collects every changed stream's
-results and queue position at once, in one write.
+checked and viewed, each packet pushed), one sends what the engine has for its streams. A step's
+results for the client's streams come as one ResultRows (`put`, ASREngine.send_rows), sent as one
+Rows message: the client builds the results (text, times) in its own process. Engine listeners
+only mark a stream as changed (its queue position, an error); the sending thread collects every
+changed stream's news at once, in the same write.
 A client that goes away (its process died) has its streams cancelled: their slots go to others.
 """
 
@@ -17,6 +19,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import deque
 from functools import partial
 
@@ -27,6 +30,7 @@ from .asr_engine import ASREngine
 from .errors import EngineError, QueueFull
 from .messages import Answer, Ask, Audio, Cancel, Final, Framer, Hello, News, Open, Opened, Refused, ToEngine
 from .phrases import Phrase
+from .result_rows import ResultRows
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,7 @@ class _Client:
         self._send_lock = threading.Lock()
         self._sids: set[int] = set()
         self._changed: deque[int] = deque()  # streams with news, appended by the engine's threads
+        self._rows: deque[tuple[ResultRows, bool, float]] = deque()  # steps' results for its streams (`put`)
         self._wake = threading.Event()
         self._asleep = False  # the writer waits, or is about to: the next mark wakes it
 
@@ -145,6 +150,7 @@ class _Client:
             return
         self._sids.add(sid)
         self._send(Opened(message.ref, sid, self.engine.queue_position(sid)))  # before any news of it
+        self.engine.send_rows(sid, self)  # before its first audio: every result of it comes as rows
         self.engine.add_listener(sid, partial(self._mark, sid))
         self._mark(sid)  # what changed before the listener was there
 
@@ -167,6 +173,13 @@ class _Client:
         self.sock.close()
 
     # -- sending: what the engine has for the client's streams ---------------------------
+    def put(self, rows: ResultRows, live: bool) -> None:
+        """A step's results for this client's streams (the decode thread calls it: ASREngine.send_rows)."""
+        self._rows.append((rows, live, time.monotonic()))
+        if self._asleep:
+            self._asleep = False
+            self._wake.set()
+
     def _mark(self, sid: int) -> None:
         """News for `sid` (called by the engine's threads for every stream of every step): no lock,
         since one shared with the writer made the decode thread queue behind it. Appended first,
@@ -179,19 +192,30 @@ class _Client:
     def _write(self) -> None:
         while True:
             self._asleep = True
-            if not self._changed and self.connected:
+            if not self._changed and not self._rows and self.connected:
                 self._wake.wait()
             self._asleep = False
             self._wake.clear()
             if not self.connected:
                 return
-            marks = self._changed  # popleft beside the engine threads' appends is safe; once per stream
+            steps = [self._rows.popleft() for _ in range(len(self._rows))]  # (popleft beside appends: safe)
+            marks = self._changed
             changed = dict.fromkeys(marks.popleft() for _ in range(len(marks)))
-            frames = [self._framer.frame(news) for sid in changed if (news := self._news(sid)) is not None]
+            frames = [self._framer.frame(rows.message()) for rows, _, _ in steps]
+            frames += [self._framer.frame(news) for sid in changed if (news := self._news(sid)) is not None]
             try:
                 self._send_frames(frames)
             except OSError:
                 return  # the reading thread sees it too, and cancels the streams
+            self._sent(steps)
+
+    def _sent(self, steps: list[tuple[ResultRows, bool, float]]) -> None:
+        """The delivery of live streams' results, for the latency target; finals end their streams here."""
+        now = time.monotonic()
+        for rows, live, put_at in steps:
+            if live:
+                self.engine.delivered(now - put_at)
+            self._sids.difference_update(rows.sids[rows.final].tolist())
 
     def _news(self, sid: int) -> News | None:
         results = self.engine.collect(sid)
@@ -242,4 +266,5 @@ def hello(engine: ASREngine) -> Hello:
         start_phases=info.start_phases,
         languages=list(info.languages),
         default_language=info.default_language,
+        endpoint_frames=info.endpoint_frames,
     )

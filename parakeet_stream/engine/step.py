@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..model.config import Lookahead
+from .result_rows import ResultRows
 from .results import StreamResult
 from .sequence import DEAD, Sequence
 
@@ -60,6 +61,7 @@ class Step:
     seconds: dict[str, float] = field(default_factory=dict)  # time spent in each stage
     batches: list[Batch] = field(default_factory=list)  # pre-encode: round by round, each round's modes
     results: list[tuple[Sequence, StreamResult]] = field(default_factory=list)  # built after decode
+    rows: list[tuple[Any, ResultRows]] = field(default_factory=list)  # after decode: each sink's (Sequence.sink)
     done: Any = None  # CUDA: the event after the last stage's work on it (streams.py)
     marks: list[tuple[tuple, Any]] = field(default_factory=list)  # CUDA: ((operation, rows, mode), event after it), streams.py
 
