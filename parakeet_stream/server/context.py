@@ -9,7 +9,7 @@ import trio
 from .operations.metrics import Metrics
 
 if TYPE_CHECKING:
-    from ..engine import ASREngine
+    from ..engine.api import EngineAPI
 
 
 @dataclass
@@ -58,7 +58,7 @@ class WaitEstimator:
 
 @dataclass
 class ServerContext:
-    engine: ASREngine
+    engine: EngineAPI
     config: ServerConfig
     metrics: Metrics
     estimator: WaitEstimator = field(default_factory=WaitEstimator)
@@ -69,5 +69,5 @@ class ServerContext:
     open_uploads: int = 0
 
     @classmethod
-    def create(cls, engine: ASREngine, config: ServerConfig) -> ServerContext:
+    def create(cls, engine: EngineAPI, config: ServerConfig) -> ServerContext:
         return cls(engine=engine, config=config, metrics=Metrics(engine))

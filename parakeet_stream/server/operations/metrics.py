@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 
 if TYPE_CHECKING:
-    from ...engine import ASREngine
+    from ...engine.api import EngineAPI
 
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's variable
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
@@ -24,7 +24,7 @@ FINAL_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 class EngineCollector:
-    def __init__(self, engine: ASREngine) -> None:
+    def __init__(self, engine: EngineAPI) -> None:
         self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
@@ -63,7 +63,7 @@ class Metrics:
     worker writes its series to files there and any worker renders every worker's, summed
     (prometheus_client's multiprocess mode): one view of the whole server on every worker."""
 
-    def __init__(self, engine: ASREngine) -> None:
+    def __init__(self, engine: EngineAPI) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine))
         shared = os.environ.get(MULTIPROCESS_DIR)

@@ -8,10 +8,10 @@ from ...engine import EngineError
 from ..transport.codes import ProtocolError
 
 if TYPE_CHECKING:
-    from ...engine import ASREngine
+    from ...engine.api import EngineAPI
 
 
-def checked_language(engine: ASREngine, requested: str | None) -> str | None:
+def checked_language(engine: EngineAPI, requested: str | None) -> str | None:
     """The model's name for `requested` ("de" -> "de-DE"; None: the model's default, None for a
     model without languages); ProtocolError `unsupported_language` where it has no such language."""
     try:

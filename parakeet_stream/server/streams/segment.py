@@ -21,14 +21,15 @@ from .phrases import refused
 from .stream import EngineStream
 
 if TYPE_CHECKING:
-    from ...engine import ASREngine, StreamResult
+    from ...engine import StreamResult
+    from ...engine.api import EngineAPI
     from ...engine.phrases import Phrase
     from ..transport.wakeup import Wakeup
 
 
 class Segment:
     def __init__(
-        self, engine: ASREngine, changed: Wakeup, lookahead: tuple[int, int] | None, input_rate: int,
+        self, engine: EngineAPI, changed: Wakeup, lookahead: tuple[int, int] | None, input_rate: int,
         max_seconds: float | None, offset: float, budget: int, phrases: tuple[Phrase, ...],
         language: str | None = None,
     ) -> None:
@@ -135,7 +136,7 @@ class Segment:
         return None if self.admitted_at is None else trio.current_time() - self.admitted_at
 
 
-def _open(engine: ASREngine, changed: Wakeup, budget: int, max_seconds: float | None,
+def _open(engine: EngineAPI, changed: Wakeup, budget: int, max_seconds: float | None,
           lookahead: tuple[int, int] | None, phrases: tuple[Phrase, ...], language: str | None) -> EngineStream:
     try:
         return EngineStream(engine, changed.set_threadsafe, budget, max_seconds, lookahead, phrases, language=language)

@@ -20,7 +20,8 @@ import numpy as np
 from ...engine import EngineError
 
 if TYPE_CHECKING:
-    from ...engine import ASREngine, StreamResult
+    from ...engine import StreamResult
+    from ...engine.api import EngineAPI
     from ...engine.phrases import Phrase
 
 MIN_PUSH_SECONDS = 0.01
@@ -28,7 +29,7 @@ MIN_PUSH_SECONDS = 0.01
 
 class EngineStream:
     def __init__(
-        self, engine: ASREngine, wake: Callable[[], None], budget: int, max_seconds: float | None = None,
+        self, engine: EngineAPI, wake: Callable[[], None], budget: int, max_seconds: float | None = None,
         lookahead: tuple[int, int] | None = None, phrases: tuple[Phrase, ...] = (), bulk: bool = False,
         language: str | None = None,
     ) -> None:

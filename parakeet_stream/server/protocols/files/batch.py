@@ -11,7 +11,7 @@ import numpy as np
 import trio
 
 from ....audio import AudioError
-from ....engine import ASREngine
+from ....engine.api import EngineAPI
 from .decode import AudioReader
 from .feed import feed_file, in_worker_thread
 from .transcript import FileTranscript, TranscriptBuilder
@@ -58,7 +58,7 @@ Source = FileSource | ArraySource
 
 
 async def transcribe_files(
-    engine: ASREngine,
+    engine: EngineAPI,
     sources: dict[str, Source],
     lookahead=None,
     on_done: Callable[[str, FileTranscript], None] = lambda name, transcript: None,
@@ -82,7 +82,7 @@ async def transcribe_files(
     return out
 
 
-async def _transcribe(engine: ASREngine, name: str, source: Source, lookahead, phrases: tuple,
+async def _transcribe(engine: EngineAPI, name: str, source: Source, lookahead, phrases: tuple,
                       language: str | None) -> FileTranscript:
     builder = TranscriptBuilder(engine.info)
 

@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import trio
 
-from ....engine import ASREngine, StreamResult
+from ....engine import StreamResult
+from ....engine.api import EngineAPI
 from ....engine.phrases import Phrase
 from ...streams.stream import EngineStream
 from ...transport.wakeup import Wakeup
@@ -34,7 +35,7 @@ def in_worker_thread(read: Callable[[int], np.ndarray]) -> Reader:
 
 
 async def feed_file(
-    engine: ASREngine,
+    engine: EngineAPI,
     read: Reader,
     on_result: Callable[[StreamResult], Awaitable[None]],
     budget_samples: int,

@@ -14,7 +14,8 @@ from functools import partial
 
 import numpy as np
 
-from ....engine import ASREngine, QueueFull, StreamResult
+from ....engine import QueueFull, StreamResult
+from ....engine.api import EngineAPI
 from ....engine.phrases import Phrase, PhraseError
 from ...context import ServerConfig
 from ...streams.guard import backlog_samples
@@ -23,7 +24,7 @@ from .errors import SHUTTING_DOWN, RivaError
 
 
 class RivaStream:
-    def __init__(self, engine: ASREngine, config: ServerConfig, phrases: tuple[Phrase, ...] = (),
+    def __init__(self, engine: EngineAPI, config: ServerConfig, phrases: tuple[Phrase, ...] = (),
                  language: str | None = None) -> None:
         self.engine = engine
         self._config = config
