@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from parakeet_stream.engine.latency import LatencyTarget, Recent
-from parakeet_stream.engine.policy import LOADED, SATURATED, Ready, StepCost, Timeline, decide
+from parakeet_stream.engine.policy import LOADED, SATURATED, Ready, Situation, StepCost, Timeline, decide
 
 PERIOD = 0.16  # seconds of audio per chunk
 TARGET = 0.22  # about a chunk and a loaded step: where holding for batching and the target compete
@@ -73,7 +73,7 @@ def simulate(streams: int, learn: bool, seconds: float = 40.0, seed: int = 0) ->
                  for i in running if talks[i].pending or talks[i].final]
         upcoming = [talks[i].due() for i in running if not talks[i].pending and not talks[i].final]
         budget = latency.budget if learn else TARGET
-        chosen, wait = decide(ready, upcoming, [], len(running), now, timeline, cost, budget, 64, 8, loaded, False)
+        chosen, wait = decide(Situation(ready, upcoming, [], len(running), now, timeline, cost, budget, 64, 8, loaded, False))
         if not chosen:
             events = [e for t in talks for e in (t.start, min(t.due(), t.end)) if e > now]
             now = min(events) if wait is None else min(now + wait, *events)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parakeet_stream.engine.policy import Backlog, Ready, StepCost, Timeline, decide, fill
+from parakeet_stream.engine.policy import Backlog, Ready, Situation, StepCost, Timeline, decide, fill
 
 PERIOD = 0.16  # seconds of audio per chunk
 BUDGET = 0.32
@@ -88,8 +88,8 @@ def simulate(live: int, bulk: int, seconds: float = 20.0, max_batch: int = 64, m
         if bulk_as_live:
             ready += [Ready(0.0, b.item, b.chunks) for b in backlogs]
             backlogs = []
-        chosen, wait = decide(ready, upcoming, backlogs, len(running), now, timeline, cost, BUDGET, max_batch,
-                              max_rounds, loaded=False, live_in_flight=False, lead=PERIOD)
+        chosen, wait = decide(Situation(ready, upcoming, backlogs, len(running), now, timeline, cost, BUDGET, max_batch,
+                                        max_rounds, loaded=False, live_in_flight=False, lead=PERIOD))
         if not chosen:
             next_arrival = min((arrival(i) for i in range(live)), default=seconds)  # (a stream's first: its start + PERIOD)
             now = next_arrival if wait is None else min(now + wait, next_arrival)
@@ -245,7 +245,7 @@ def test_bulk_work_on_an_idle_model_runs_even_when_no_step_fits_the_budget():
     backlogs = [Backlog(float(j), 100, j) for j in range(8)]
     kwargs = dict(now=10.0, cost=cost, budget=BUDGET, max_batch=64, max_rounds=8)
     assert fill(backlogs, [], [], 0, timeline=Timeline(10.0, 0.0), **kwargs) == ([(0, 1)], None)
-    chosen, _ = decide([], [], backlogs, 0, timeline=Timeline(10.0, 0.0), loaded=False, live_in_flight=False, **kwargs)
+    chosen, _ = decide(Situation([], [], backlogs, 0, timeline=Timeline(10.0, 0.0), loaded=False, live_in_flight=False, **kwargs))
     assert chosen == [(0, 1)]
     # work in flight, or a live chunk due: room comes when it is done, so bulk work still waits
     assert fill(backlogs, [], [], 0, timeline=Timeline(10.4, 0.0), busy=True, **kwargs) == ([], None)
@@ -261,9 +261,9 @@ def test_with_a_live_step_in_flight_files_ride_along_in_the_next_live_step_only(
     now, backlogs = 10.0, [Backlog(0.0, 100, "file")]
     kwargs = dict(live_streams=1, now=now, timeline=Timeline(now + 0.05, now + 0.05), cost=cost, budget=BUDGET,
                   max_batch=8, max_rounds=8, loaded=False, live_in_flight=True)
-    chosen, _ = decide([Ready(now - 0.01, "live")], [], backlogs, **kwargs)
+    chosen, _ = decide(Situation([Ready(now - 0.01, "live")], [], backlogs, **kwargs))
     assert chosen == [("live", 8), ("file", 1)]
-    assert decide([], [now + 0.1], backlogs, **kwargs)[0] == []
+    assert decide(Situation([], [now + 0.1], backlogs, **kwargs))[0] == []
 
 
 @settings(max_examples=300, deadline=None)
@@ -277,8 +277,8 @@ def test_an_idle_model_with_work_never_waits_for_nothing(ready, upcoming, backlo
     for batch, seconds in costs.items():
         cost.record(batch, seconds)
     now = 10.0
-    chosen, timeout = decide([Ready(now + t, ("live", i)) for i, t in enumerate(ready)], [now + t for t in upcoming],
-                             [Backlog(now - 1 + j, 10, ("file", j)) for j in range(backlogs)], len(ready) + len(upcoming),
-                             now, Timeline(now, now), cost, budget, 64, 8, loaded, False)
+    chosen, timeout = decide(Situation([Ready(now + t, ("live", i)) for i, t in enumerate(ready)], [now + t for t in upcoming],
+                                       [Backlog(now - 1 + j, 10, ("file", j)) for j in range(backlogs)],
+                                       len(ready) + len(upcoming), now, Timeline(now, now), cost, budget, 64, 8, loaded, False))
     if ready or backlogs:
         assert chosen or (timeout is not None and timeout > 0)

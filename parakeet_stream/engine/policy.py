@@ -188,21 +188,39 @@ class Timeline:
         self.live_free_at = min(self.live_free_at, self.free_at)
 
 
-def decide(ready: list[Ready], upcoming: list[float], backlogs: list[Backlog[T]], live_streams: int, now: float,
-           timeline: Timeline, cost: StepCost, budget: float, max_batch: int, max_rounds: int, loaded: bool,
-           live_in_flight: bool, lead: float = 0.0, busy: bool = False) -> tuple[list[tuple[T, int]], float | None]:
+@dataclass(frozen=True)
+class Situation(Generic[T]):
+    """What one decision looks at: the streams' work, the machine's state and the Scheduler's limits."""
+
+    ready: list[Ready]  # live streams with a ready chunk (or their final)
+    upcoming: list[float]  # predicted arrivals of the other live streams' next chunks
+    backlogs: list[Backlog[T]]  # bulk streams with work
+    live_streams: int  # live streams running
+    now: float
+    timeline: Timeline
+    cost: StepCost
+    budget: float  # seconds a live chunk may wait before its step (latency.py)
+    max_batch: int
+    max_rounds: int  # chunks one stream may take in a step
+    loaded: bool  # the model is idle but loaded (see `plan`'s align)
+    live_in_flight: bool  # a step with live chunks is in flight: a step of bulk work alone waits for it
+    lead: float = 0.0  # `fill`'s
+    busy: bool = False  # `fill`'s
+
+
+def decide(s: Situation[T]) -> tuple[list[tuple[T, int]], float | None]:
     """The next step as (stream, chunks to take) pairs: live streams by `plan`, each taking its
     ready chunks up to `max_rounds`, then bulk work by `fill`; or ([], seconds to wait before
-    deciding again, None: until something changes). loaded: the model is idle but loaded (see
-    `plan`'s align); live_in_flight: a step with live chunks is in flight, and a step of bulk work
-    alone waits for it (the stages of two steps in flight share the machine: on a CPU, the cores);
-    the other arguments are `fill`'s."""
-    live, timeout = plan(ready, upcoming, now, cost, budget, max_batch, align=loaded and not backlogs)
+    deciding again, None: until something changes). With a live step in flight bulk work does not
+    start alone (the stages of two steps in flight share the machine: on a CPU, the cores)."""
+    ready, upcoming, backlogs, now, max_rounds = s.ready, s.upcoming, s.backlogs, s.now, s.max_rounds
+    live_in_flight, cost, budget, max_batch = s.live_in_flight, s.cost, s.budget, s.max_batch
+    live, timeout = plan(ready, upcoming, now, cost, budget, max_batch, align=s.loaded and not backlogs)
     if live_in_flight and not live:  # bulk work rides along in a live step, or waits for the live one in flight
         backlogs = []
     chunks = [(r.ready_at, min(r.chunks, max_rounds)) for r in live] if backlogs else []  # (only `fill` reads them)
-    bulk, wait = fill(backlogs, chunks, upcoming, live_streams, now, timeline, cost, budget, max_batch, max_rounds, lead,
-                      busy or live_in_flight)
+    bulk, wait = fill(backlogs, chunks, upcoming, s.live_streams, now, s.timeline, cost, budget, max_batch, max_rounds,
+                      s.lead, s.busy or live_in_flight)
     if live or bulk:
         return [(r.item, max_rounds) for r in live] + bulk, None
     return [], min((t for t in (timeout, wait) if t is not None), default=None)

@@ -37,7 +37,7 @@ import numpy as np
 
 from .errors import QueueFull
 from .latency import LatencyTarget
-from .policy import LOADED, SATURATED, Backlog, Ready, StepCost, Timeline, decide
+from .policy import LOADED, SATURATED, Backlog, Ready, Situation, StepCost, Timeline, decide
 from .sequence import DEAD, Sequence, Status
 from .step import Step, StepItem
 from .stream_table import StreamTable
@@ -286,9 +286,10 @@ class Scheduler:
         loaded = not self._in_flight and LOADED <= self._busy_fraction(now) < SATURATED
         # the other live streams matter only to hold ready chunks for them, or to fit bulk work around them
         upcoming, live_streams = self._upcoming() if backlogs or (loaded and 0 < len(ready) < self.max_batch) else ([], 0)
-        chosen, timeout = decide(ready, upcoming, backlogs, live_streams, now, self._timeline, self.cost,
-                                 self.latency.budget, self.max_batch, self.max_chunks_per_step, loaded,
-                                 any(map(_has_live, self._in_flight)), self.lead, bool(self._in_flight))
+        chosen, timeout = decide(Situation(
+            ready, upcoming, backlogs, live_streams, now, self._timeline, self.cost, self.latency.budget, self.max_batch,
+            self.max_chunks_per_step, loaded, live_in_flight=any(map(_has_live, self._in_flight)), lead=self.lead,
+            busy=bool(self._in_flight)))
         if not chosen:
             return None, timeout
         step = self._make_step(chosen, now)
