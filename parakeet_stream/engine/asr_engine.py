@@ -37,7 +37,7 @@ from .results import DecoderProgress, ResultBuilder, StreamResult
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 from .step import Step, StepTotals
-from .streams import device_at
+from .cuda_streams import device_at
 
 log = logging.getLogger(__name__)
 

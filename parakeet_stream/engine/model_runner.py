@@ -11,7 +11,7 @@ decode: one greedy RNN-T pass per batch (label looping, model/greedy.py) for the
   committed (beams.py) batch by batch.
 As nano-vllm's ModelRunner.run, it decides nothing (the Scheduler chose the step) and delivers
 nothing (the engine turns tokens into results and publishes them). On CUDA each stage runs on
-its own stream (streams.py), the encoder layers and the greedy pass replay CUDA graphs captured
+its own stream (cuda_streams.py), the encoder layers and the greedy pass replay CUDA graphs captured
 at start-up (cuda_graphs.py), and the host never waits for the device but for a round's tokens.
 """
 
@@ -40,7 +40,7 @@ from .cuda_graphs import StaticBatches, graph_sizes
 from .beams import BeamCommits
 from .inbox import take_step_samples
 from .step import Batch, Step, StepItem
-from .streams import StageStreams
+from .cuda_streams import StageStreams
 
 log = logging.getLogger(__name__)
 
