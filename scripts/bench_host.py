@@ -51,10 +51,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_engine import keeps_up, run_level  # noqa: E402
 from parakeet_stream.engine import ASREngine  # noqa: E402
-from parakeet_stream.engine.client import EngineClient  # noqa: E402
+from parakeet_stream.engine.ipc.client import EngineClient  # noqa: E402
 from parakeet_stream.engine.model_runner import ModelRunner  # noqa: E402
 from parakeet_stream.engine.options import whole_number  # noqa: E402
-from parakeet_stream.engine.service import EngineService  # noqa: E402
+from parakeet_stream.engine.ipc.service import EngineService  # noqa: E402
 from parakeet_stream.host import single_threaded_host  # noqa: E402
 from parakeet_stream.server.operations.memory import freeze_startup_objects  # noqa: E402
 from parakeet_stream.tools.convert import convert  # noqa: E402

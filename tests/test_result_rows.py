@@ -9,7 +9,7 @@ import pytest
 from helpers import behind_service, collect_until_final, run_stream, varied_audios
 
 from parakeet_stream.engine import ASREngine
-from parakeet_stream.engine.messages import Framer, FromEngine
+from parakeet_stream.engine.ipc.messages import Framer, FromEngine
 from parakeet_stream.engine.result_rows import ResultRows
 from parakeet_stream.engine.results import DecoderProgress, ResultBuilder
 

@@ -5,7 +5,7 @@ Scheduler picks it (scheduler.py, policy.py), the runner pre-encodes, encodes an
 three stage threads (model_runner.py, pipeline.py), the engine turns its tokens into results, the
 Scheduler takes it back (postprocess) and the results are published to the streams' outboxes.
 
-Beside the engine: the engine client API across processes (service.py serves an ASREngine on a
+Beside the engine: the engine across processes (ipc/: service.py serves an ASREngine on a
 Unix socket, client.py's EngineClient offers the same stream API in another process, messages.py).
 
 Glossary (one word per concept):

@@ -1,12 +1,12 @@
 """`parakeet-serve --workers N`: the doors in N worker processes, the engine in this one.
 
 This process loads the model, runs the engine and serves it to the workers over a Unix socket
-(engine/service.py). It opens every listening socket itself (TCP, WebSocket, HTTP, the agent): one
+(engine/ipc/service.py). It opens every listening socket itself (TCP, WebSocket, HTTP, the agent): one
 per worker on each port, bound with SO_REUSEPORT, so that the kernel spreads new connections evenly
 over the workers (a socket shared by all would let whichever worker wakes first take them all), and
 keeps them, so that connections arriving for a worker being restarted wait in its socket's backlog;
 gRPC's port is shared the way gRPC shares one (SO_REUSEPORT too). A worker
-speaks the protocols with an EngineClient (engine/client.py) where the in-process server has the
+speaks the protocols with an EngineClient (engine/ipc/client.py) where the in-process server has the
 engine: JSON, base64, resampling, WebSocket framing and gRPC no longer share the engine's
 interpreter lock. Metrics are written by every worker into one folder and read by any of them
 (metrics.py), so /metrics is one view of the whole server.
@@ -33,7 +33,7 @@ from pathlib import Path
 from prometheus_client.multiprocess import mark_process_dead
 
 from ...engine import ASREngine
-from ...engine.service import EngineService
+from ...engine.ipc.service import EngineService
 from ..context import ServerConfig
 from ..transport.channel import SEND_BUFFER_BYTES
 from .metrics import MULTIPROCESS_DIR

@@ -17,8 +17,8 @@ from typing import Any, Union
 
 import msgspec
 
-from ..model.precision_check import PrecisionChoice
-from .results import StreamResult
+from ...model.precision_check import PrecisionChoice
+from ..results import StreamResult
 
 HEADER = struct.Struct("<I")
 MAX_FRAME = 64 << 20  # a frame larger than this is a broken peer, not a message

@@ -25,12 +25,12 @@ from functools import partial
 
 import numpy as np
 
-from ..audio import check_samples
-from .asr_engine import ASREngine
-from .errors import EngineError, QueueFull
+from ...audio import check_samples
+from ..asr_engine import ASREngine
+from ..errors import EngineError, QueueFull
+from ..phrases import Phrase
+from ..result_rows import ResultRows
 from .messages import Answer, Ask, Audio, Cancel, Final, Framer, Hello, News, Open, Opened, Refused, ToEngine
-from .phrases import Phrase
-from .result_rows import ResultRows
 
 log = logging.getLogger(__name__)
 

@@ -28,17 +28,17 @@ from typing import Callable
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE, check_samples
-from ..model.tokenizer import Tokenizer
-from .errors import EngineError, QueueFull
-from .info import EngineInfo
-from .languages import Languages
+from ...audio import SAMPLE_RATE, check_samples
+from ...model.tokenizer import Tokenizer
+from ..errors import EngineError, QueueFull
+from ..info import EngineInfo
+from ..languages import Languages
+from ..phrases import Phrase, PhraseError, boosting_tree
+from ..result_rows import ResultRows
+from ..results import DecoderProgress, Outbox, ResultBuilder, StreamResult
+from ..step import StepTotals
 from .messages import Answer, Ask, Audio, Cancel, Final, FromEngine, Framer, Hello, News, Open, Opened, Refused, Rows
-from .phrases import Phrase, PhraseError, boosting_tree
-from .result_rows import ResultRows
-from .results import DecoderProgress, Outbox, ResultBuilder, StreamResult
 from .service import SOCKET_BUFFER
-from .step import StepTotals
 
 # seconds an answer may take: a stream's opening fails after OPEN_TIMEOUT; a figure (stats,
 # health) falls back to the last answer after FIGURE_TIMEOUT, so that a busy engine never holds a
