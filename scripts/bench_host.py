@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_engine import keeps_up, run_level  # noqa: E402
 from parakeet_stream.engine import ASREngine  # noqa: E402
+from parakeet_stream.engine.calibration import calibrate  # noqa: E402
 from parakeet_stream.engine.ipc.client import EngineClient  # noqa: E402
 from parakeet_stream.engine.model_runner import ModelRunner  # noqa: E402
 from parakeet_stream.engine.options import whole_number  # noqa: E402
@@ -110,9 +111,11 @@ class StandIn:
 def stand_in_engine(folder: Path, n: int, device: StandIn, **options) -> Iterator[ASREngine]:
     """The engine for `n` streams of 160 ms chunks, its stages on threads of their own as on a GPU,
     the model's arithmetic replaced by `device`."""
-    with ASREngine(folder, "cpu", max_num_streams=n, max_queue=n, max_batch=n, lookahead=(70, 1), threads=1,
-                   **options) as engine:
-        device.install(engine.runner)
+    engine = ASREngine(folder, "cpu", max_num_streams=n, max_queue=n, max_batch=n, lookahead=(70, 1), threads=1,
+                       calibrate=False, **options)
+    device.install(engine.runner)
+    calibrate(engine)  # the stand-in's step cost, as a server measures its model's at start-up
+    with engine:
         freeze_startup_objects()  # as parakeet-serve does once its engine is made
         try:
             yield engine

@@ -20,6 +20,7 @@ from ..model.config import Lookahead
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
 from ..model.precision import check_precision, set_precision
+from .calibration import calibrate
 from .chunker import FrontEnd
 from .errors import EngineError, QueueFull
 from .inbox import Inbox, push_many
@@ -61,13 +62,16 @@ class ASREngine:
         cuda_graphs: bool | None = None,
         auto_limit: int | None = None,
         modes: Iterable[Lookahead] | None = None,
+        calibrate: bool = True,
     ):
         """max_batch: most streams per step (default: every slot on CPU; sized to memory on CUDA,
         memory.py); latency_target: seconds, p95 from a chunk's last sample to its result taken
         (latency.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA);
         auto_limit: with max_num_streams "auto", at most this many slots (the server's bound: what its
         connections may take of the host's memory); modes: the lookahead modes served (default: every
-        mode of the model; graphs are captured for these only, and streams may ask for no other)."""
+        mode of the model; graphs are captured for these only, and streams may ask for no other);
+        calibrate: measure the step cost when the engine starts, before any client (calibration.py;
+        off for a tool that serves files only, which admission does not pace)."""
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
         started = time.monotonic()
@@ -108,11 +112,9 @@ class ASREngine:
         self.pipeline = self._route(threads)
         self._whole_step = Stage("step", tuple(self.step_stages()))
         self._seqs: dict[int, Sequence] = {}
-        self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._audio_seconds = 0.0
-        stages = [name for name, _ in self.step_stages()]
-        self._totals = StepTotals(seconds=dict.fromkeys(stages, 0.0))  # every stage in /metrics from the start
+        self.forget_streams()
+        self._calibrate = calibrate
         self._started = False
         self.info = EngineInfo(
             sample_rate=self.sample_rate,
@@ -137,10 +139,20 @@ class ASREngine:
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> "ASREngine":
         if not self._started:
+            if self._calibrate:  # its steps on this thread, before the stage threads take them
+                calibrate(self)
             responsive_threads()
             self.pipeline.start()
             self._started = True
         return self
+
+    def forget_streams(self) -> None:
+        """Stream ids from 1 again, and no audio or step counted yet (no stream may be open)."""
+        with self._lock:
+            self._ids = itertools.count(1)
+            self._audio_seconds = 0.0
+            stages = [name for name, _ in self.step_stages()]
+            self._totals = StepTotals(seconds=dict.fromkeys(stages, 0.0))  # every stage in /metrics from the start
 
     def shutdown(self) -> None:
         if self._started:

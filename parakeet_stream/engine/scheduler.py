@@ -19,8 +19,9 @@ time so far (at least PROVEN), live streams are let in a step at a time, at most
 than are running (RAMP at least) between two steps or in PACE, and none for BEHIND_HOLD seconds
 after a step delivered a live chunk later than the latency target (a chunk that waited in the
 queue counts from its admission; such a step also takes back what it had proven). A burst of
-clients is let in as the steps show what the machine holds, not all at once. Before two batch
-sizes were measured, slots and that pace alone decide. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
+clients is let in as the steps show what the machine holds, not all at once. The engine measures
+two batch sizes of steady chunks when it starts (calibration.py), so the line is known before the
+first client; without it, slots and that pace alone decide until steps are measured. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
 decide for them.
 """
 
@@ -259,6 +260,18 @@ class Scheduler:
         """No step is scheduled while held: a burst of pushes lands in one step (benchmarks)."""
         with self._cv:
             yield
+
+    def forget_steps(self) -> None:
+        """Start the step measurements over: the cost, the busy fraction, the timeline, what was
+        proven, the latency figures and whether a chunk came late (after the start-up measurement,
+        calibration.py)."""
+        with self._cv:
+            self.cost = StepCost()
+            self._busy.clear()
+            self._timeline = Timeline()
+            self._behind_until, self._proven, self._last_done = 0.0, PROVEN, 0.0
+            self.latency = LatencyTarget(self.latency.target)
+            self._behind = _behind([], 0.0)
 
     def stop(self) -> None:
         with self._cv:

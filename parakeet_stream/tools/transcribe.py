@@ -231,7 +231,8 @@ def _transcribe_paths(args, model, lookahead, phrases: tuple[Phrase, ...], langu
     details: dict[str, FileTranscript] = {}
     if sources:
         options = engine_options(args) | {"dtype": model.encoder_dtype, "quantize": None, "lookahead": lookahead}  # already applied
-        with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(sources), **options) \
+        with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(sources), calibrate=False,
+                       **options) \
                 as engine, tqdm(total=len(sources), unit="file", disable=len(args.files) < 2) as bar:
 
             def done(name: str, transcript: FileTranscript) -> None:
