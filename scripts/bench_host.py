@@ -53,7 +53,7 @@ from bench_engine import keeps_up, run_level  # noqa: E402
 from parakeet_stream.engine import ASREngine  # noqa: E402
 from parakeet_stream.engine.calibration import calibrate  # noqa: E402
 from parakeet_stream.engine.ipc.client import EngineClient  # noqa: E402
-from parakeet_stream.engine.model_runner import ModelRunner  # noqa: E402
+from parakeet_stream.engine.runner.model_runner import ModelRunner  # noqa: E402
 from parakeet_stream.engine.options import whole_number  # noqa: E402
 from parakeet_stream.engine.ipc.service import EngineService  # noqa: E402
 from parakeet_stream.host import single_threaded_host  # noqa: E402

@@ -1,4 +1,4 @@
-"""Checks of the runner's static batches (engine/cuda_graphs.py) against the eager model, shared by
+"""Checks of the runner's static batches (engine/runner/cuda_graphs.py) against the eager model, shared by
 the CPU tests (eager stand-in, tests/test_cuda_graphs.py) and the GPU ones (CUDA graphs, tests/test_cuda.py).
 
 Each drives the runner's static encoder or decoder of one lookahead mode with random row subsets of
@@ -13,7 +13,7 @@ import copy
 
 import torch
 
-from parakeet_stream.engine.model_runner import ModelRunner
+from parakeet_stream.engine.runner.model_runner import ModelRunner
 from parakeet_stream.model.greedy import GreedyPass, unfinished, unpack, unpack_scored
 from parakeet_stream.model.precision import set_precision
 from parakeet_stream.model.rnnt import DecoderState

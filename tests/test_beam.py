@@ -1,5 +1,5 @@
 """The beam search for streams with key phrases (model/beam.py) and what the host commits of it
-(engine/beams.py): a batch gives each stream what it gets alone, eagerly and in fixed shapes (the
+(engine/runner/beams.py): a batch gives each stream what it gets alone, eagerly and in fixed shapes (the
 CUDA graphs' way); what every hypothesis agrees on is committed, a late disagreement is settled by
 the best hypothesis, and the end takes the best by its final score."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_greedy import random_decoder
 
-from parakeet_stream.engine.beams import BeamCommits
+from parakeet_stream.engine.runner.beams import BeamCommits
 from parakeet_stream.model.beam import BeamPass, BeamPool
 from parakeet_stream.model.boosting import BoostingTree, BoostLimits, BoostPool, PhrasePath
 

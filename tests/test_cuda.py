@@ -187,7 +187,7 @@ def test_a_steps_marks_name_the_first_operation_the_gpu_has_not_finished():
     """What a stall's report names: each stage marks its operations; a mark whose event the device
     has not passed is the operation the device is still on (here: one held back by a waiting event)."""
     from parakeet_stream.engine.step import Step
-    from parakeet_stream.engine.cuda_streams import StageStreams, device_at
+    from parakeet_stream.engine.runner.cuda_streams import StageStreams, device_at
 
     streams, step = StageStreams(torch.device("cuda"), ["encode"]), Step([], 0.0)
     streams.enter("encode")

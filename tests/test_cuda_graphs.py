@@ -1,4 +1,4 @@
-"""Static batches (engine/cuda_graphs.py) on CPU, with the eager stand-in for CUDA graph replays:
+"""Static batches (engine/runner/cuda_graphs.py) on CPU, with the eager stand-in for CUDA graph replays:
 the sizes, padding rows into the scratch slot, copies out, and the engine's tokens through them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from helpers import collect_until_final, run_stream, tokens_of, varied_audios
 from static_checks import check_decoder, check_encoder, runner_on
 
 from parakeet_stream.engine import ASREngine
-from parakeet_stream.engine.cuda_graphs import StaticBatches, graph_sizes
+from parakeet_stream.engine.runner.cuda_graphs import StaticBatches, graph_sizes
 
 
 @pytest.mark.parametrize("max_batch", [1, 7, 8, 100, 513, 1024, 4096])

@@ -14,7 +14,7 @@ import torch
 from parakeet_stream import host
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine import options
-from parakeet_stream.engine.model_runner import ModelRunner
+from parakeet_stream.engine.runner.model_runner import ModelRunner
 from parakeet_stream.model.conformer import EncoderCache
 
 from helpers import run_stream

@@ -8,7 +8,7 @@ import time
 
 from parakeet_stream.engine.pipeline import STALL_FACTOR, Pipeline, Stage
 from parakeet_stream.engine.step import Step
-from parakeet_stream.engine.cuda_streams import device_at
+from parakeet_stream.engine.runner.cuda_streams import device_at
 
 
 def test_a_stage_whose_steps_are_slow_by_nature_raises_its_own_stall_limit():

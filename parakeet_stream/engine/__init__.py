@@ -2,7 +2,7 @@
 
 One step, in order (`ASREngine.step`; spread over threads by `ASREngine._route`): the
 Scheduler picks it (scheduler.py, policy.py), the runner pre-encodes, encodes and decodes it on
-three stage threads (model_runner.py, pipeline.py), the engine turns its tokens into results, the
+three stage threads (runner/model_runner.py, pipeline.py), the engine turns its tokens into results, the
 Scheduler takes it back (postprocess) and the results are published to the streams' outboxes.
 
 Beside the engine: the engine across processes (ipc/: service.py serves an ASREngine on a
@@ -19,7 +19,7 @@ Glossary (one word per concept):
 - stage: pre-encode, encode, decode: one thread each (pipeline.py).
 - round: within a step, one chunk of each of its streams through the encoder and the decoder.
 - batch: the chunks of one round in one lookahead mode: what the encoder and the decoder run at
-  once (step.py's `Batch`; on CUDA one replay of a captured graph each, cuda_graphs.py).
+  once (step.py's `Batch`; on CUDA one replay of a captured graph each, runner/cuda_graphs.py).
 - slot: a stream's row in the encoder cache and decoder state pools.
 - final: the client's end of input (`finalize`, `final_at`, `Status.FINALIZING`), and the
   stream's last result, which answers it (`StreamResult.is_final`).

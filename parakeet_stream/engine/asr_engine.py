@@ -27,7 +27,6 @@ from .inbox import Inbox, push_many
 from .info import EngineInfo
 from .languages import Languages
 from .latency import DEFAULT_TARGET
-from .model_runner import ModelRunner
 from .memory import MAX_SLOTS, plan_memory, slot_bytes, stream_bytes
 from .options import auto_num_streams
 from .phrases import LabelPriors, Phrase, boosting_tree
@@ -35,10 +34,11 @@ from .pipeline import DEPTH, Pipeline, Stage
 from .policy import bulk_lookahead
 from .result_rows import ResultRows
 from .results import DecoderProgress, ResultBuilder, StreamResult
+from .runner.cuda_streams import device_at
+from .runner.model_runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 from .step import Step, StepTotals
-from .cuda_streams import device_at
 
 log = logging.getLogger(__name__)
 

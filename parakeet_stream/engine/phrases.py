@@ -42,7 +42,7 @@ EVIDENCE = 0.9
 PRIOR_SHARE = 1.0
 BEAM = 4  # hypotheses per stream with phrases
 SYMBOLS = 4  # labels per encoder frame at most, in the beam search
-MAX_LAG_SECONDS = 1.0  # text is committed from the best hypothesis once it is this old (engine/beams.py)
+MAX_LAG_SECONDS = 1.0  # text is committed from the best hypothesis once it is this old (engine/runner/beams.py)
 COMMIT_MARGIN = 3.0  # nats: a hypothesis further behind (with and without its loans) does not hold text back
 # What the slot pool holds per stream: every phrase starting with its own token, every token its
 # own node; deeper arcs (children and failure-arc shortcuts) up to twice the nodes, at most

@@ -10,7 +10,7 @@ queues keep a stream's steps in order.
 A stage that never returns (a GPU kernel that never ends: the host waits on the device forever)
 fails no step and raises nothing, so a watchdog thread looks at every stage's run in progress:
 past `stall_seconds` on one step it logs the stage, the step's batches and, on CUDA, the first
-operation the device has not passed (the step's marks, cuda_streams.py), once per stall; `stalled()`
+operation the device has not passed (the step's marks, runner/cuda_streams.py), once per stall; `stalled()`
 says so to the engine's health.
 """
 

@@ -12,7 +12,7 @@ allows, and gives its loan back where it breaks.
 
 Across chunks the beams live in a BeamPool, a row per slot and hypothesis; what a pass wrote comes
 to the host packed (`BeamPass.packed`), where the engine commits what every hypothesis agrees on
-(engine/beams.py). Labels are compared by a rolling hash of everything a hypothesis wrote.
+(engine/runner/beams.py). Labels are compared by a rolling hash of everything a hypothesis wrote.
 
 On CPU a frame stops writing once no label hypothesis can still enter the beam; with `fixed`
 (CUDA graphs) every frame runs all `symbols` rounds, in shapes that never depend on the data.

@@ -27,19 +27,19 @@ from operator import attrgetter
 import numpy as np
 import torch
 
-from ..model.device import to_device
-from ..model.beam import BeamPass, BeamPool
-from ..model.boosting import BoostPool, word_starts
-from ..model.config import Lookahead
-from ..model.conformer import EncoderCache
-from ..model.greedy import GreedyPass, eou_probabilities, unfinished, unpack_scored
-from ..model.parakeet import ParakeetModel
-from ..model.rnnt import DecoderState
-from . import chunker, phrases
-from .cuda_graphs import StaticBatches, graph_sizes
+from ...model.device import to_device
+from ...model.beam import BeamPass, BeamPool
+from ...model.boosting import BoostPool, word_starts
+from ...model.config import Lookahead
+from ...model.conformer import EncoderCache
+from ...model.greedy import GreedyPass, eou_probabilities, unfinished, unpack_scored
+from ...model.parakeet import ParakeetModel
+from ...model.rnnt import DecoderState
+from .. import chunker, phrases
+from ..inbox import take_step_samples
+from ..step import Batch, Step, StepItem
 from .beams import BeamCommits
-from .inbox import take_step_samples
-from .step import Batch, Step, StepItem
+from .cuda_graphs import StaticBatches, graph_sizes
 from .cuda_streams import StageStreams
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..model.beam import HEAD
+from ...model.beam import HEAD
 
 Label = tuple[int, int, float]  # (label, frame in the stream, probability)
 

@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from ..model.device import next_size
+from ...model.device import next_size
 
 log = logging.getLogger(__name__)
 

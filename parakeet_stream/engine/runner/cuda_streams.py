@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .step import Step
+from ..step import Step
 
 
 class StageStreams:
