@@ -38,7 +38,7 @@ from .runner.cuda_streams import device_at
 from .runner.model_runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
-from .step import Step, StepTotals
+from .step import Step, StepItem, StepTotals
 
 log = logging.getLogger(__name__)
 
@@ -384,21 +384,19 @@ class ASREngine:
     def _results(self, step: Step) -> None:
         """Each chunk's result from its new tokens; a stream's last step adds its final result. A
         stream with a sink gets them as rows, its sink's streams' in one ResultRows."""
-        now, sunk = time.monotonic(), {}
+        now, sunk, build = time.monotonic(), {}, self.results.build
         for item in step:
             if not item.live:
                 continue
             seq = item.seq
-            rows = [(seq.stream_id, tokens, item.frames[r], False,
-                     now - (item.ready_times[r] if r < len(item.ready_times) else item.final_at), item.eou[r])
-                    for r, tokens in enumerate(item.tokens)]
-            if item.last:
-                rows.append((seq.stream_id, item.final_tokens, 0, True, None, 0.0))
             if seq.sink is not None:
-                sunk.setdefault(seq.sink, []).extend(rows)
+                sunk.setdefault(seq.sink, []).extend(_rows(item, now))
                 continue
-            step.results += [(seq, self.results.build(sid, seq.decoding, tokens, frames, final, latency, eou))
-                             for sid, tokens, frames, final, latency, eou in rows]
+            for r, tokens in enumerate(item.tokens):
+                step.results.append((seq, build(seq.stream_id, seq.decoding, tokens, item.frames[r], False,
+                                                now - _ready_at(item, r), item.eou[r])))
+            if item.last:
+                step.results.append((seq, build(seq.stream_id, seq.decoding, item.final_tokens, 0, True, None)))
         step.rows = [(sink, ResultRows.of(rows)) for sink, rows in sunk.items()]
 
     def _deliver(self, step: Step) -> None:
@@ -447,6 +445,21 @@ class _Laps:
         now = time.monotonic()
         self.seconds[phase] = round(now - self._last, 2)
         self._last = now
+
+
+def _ready_at(item: StepItem, r: int) -> float:
+    """When the item's chunk `r` was ready: its last sample's arrival, or the final for one cut at the end."""
+    return item.ready_times[r] if r < len(item.ready_times) else item.final_at
+
+
+def _rows(item: StepItem, now: float) -> list:
+    """The item's results as ResultRows rows: a row per chunk, then its final in its last step."""
+    sid = item.seq.stream_id
+    rows = [(sid, tokens, item.frames[r], False, now - _ready_at(item, r), item.eou[r])
+            for r, tokens in enumerate(item.tokens)]
+    if item.last:
+        rows.append((sid, item.final_tokens, 0, True, None, 0.0))
+    return rows
 
 
 def _notify(seqs: list[Sequence]) -> None:
