@@ -77,3 +77,21 @@ def _merged(results) -> dict:
             "confidences": [c for r in results for c in r.token_confidences],
             "ends": [r.end for r in results if r.utterance_end], "audio": results[-1].audio_seconds,
             "finals": [r.is_final for r in results].count(True)}
+
+
+def test_rows_that_do_not_match_end_only_the_streams_they_name(tiny_model_dir, wavs, caplog):
+    """A broken Rows message from the engine: the streams it names end with `inference_error`, the
+    worker's other streams keep being served to their finals."""
+    audio = varied_audios(wavs, 1)[0]
+    with ASREngine(tiny_model_dir, max_num_streams=2) as engine, behind_service(engine) as client:
+        named, other = client.create_stream(), client.create_stream()
+        good = ResultRows.of([(named, [(5, 0, 0.5)], 4, False, 0.1, 0.0)]).message()
+        client._handle(msgspec.structs.replace(good, ids=good.ids + good.ids))
+        (result,) = client.collect(named)
+        assert result.is_final and result.error == "inference_error"
+        assert "result rows refused" in caplog.text
+        for start in range(0, audio.size, 1600):
+            client.push_audio(other, audio[start:start + 1600])
+        client.finalize(other)
+        results = collect_until_final(client, other)
+        assert results[-1].is_final and not any(r.error for r in results) and any(r.token_ids for r in results)

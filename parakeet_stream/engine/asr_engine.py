@@ -409,9 +409,10 @@ class ASREngine:
             self._totals.add(step)
         for seq, result in step.results:
             seq.outbox.publish(result, notify=False)
-        for sink, rows in step.rows:
-            sink.put(rows, not all(item.seq.bulk for item in step))
         if step.rows:
+            live = not all(item.seq.bulk for item in step)
+            for sink, rows in step.rows:
+                sink.put(rows, live)
             self._forget(sid for _, rows in step.rows for sid in rows.sids[rows.final].tolist())
         _notify(list(dict.fromkeys([*(seq for seq, _ in step.results), *changed])))
 

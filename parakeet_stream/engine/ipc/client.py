@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import socket
 import threading
 import time
@@ -39,6 +40,8 @@ from ..results import DecoderProgress, Outbox, ResultBuilder, StreamResult
 from ..step import StepTotals
 from .messages import Answer, Ask, Audio, Cancel, Final, FromEngine, Framer, Hello, News, Open, Opened, Refused, Rows
 from .service import SOCKET_BUFFER
+
+log = logging.getLogger(__name__)
 
 # seconds an answer may take: a stream's opening fails after OPEN_TIMEOUT; a figure (stats,
 # health) falls back to the last answer after FIGURE_TIMEOUT, so that a busy engine never holds a
@@ -299,7 +302,7 @@ class EngineClient:
 
     def _handle(self, message) -> None:
         if isinstance(message, Rows):
-            return self._publish(ResultRows.from_message(message))
+            return self._publish(message)
         if isinstance(message, News):
             with self._lock:
                 stream = self._streams.get(message.sid)
@@ -323,8 +326,20 @@ class EngineClient:
         elif isinstance(message, Opened):  # its caller gave up waiting: nobody will use it
             self.cancel(message.sid)
 
-    def _publish(self, rows: ResultRows) -> None:
-        """A step's results for this process's streams, built here, each in its stream's outbox."""
+    def _publish(self, message: Rows) -> None:
+        """A step's results for this process's streams, built here, each in its stream's outbox. Rows
+        whose columns do not match (a broken engine) end the streams they name with an error, and only those."""
+        try:
+            rows = ResultRows.from_message(message)
+        except ValueError as exc:
+            log.error("engine client: result rows refused: %s", exc)
+            with self._lock:
+                named = {sid: self._streams.get(sid) for sid in _named(message.sids)}
+            for sid, stream in named.items():
+                if stream is not None:
+                    stream.failed = True
+                    stream.outbox.publish(StreamResult(sid, [], "", is_final=True, error="inference_error"))
+            return
         with self._lock:
             streams = {sid: self._streams.get(sid) for sid in set(rows.sids.tolist())}
         results = rows.results(self._results, lambda sid: getattr(streams[sid], "decoding", None))
@@ -355,6 +370,11 @@ class EngineClient:
         if stream is None:
             raise EngineError("unknown_stream", f"no stream {sid}")
         return stream
+
+
+def _named(sids: bytes) -> list[int]:
+    """The stream ids a Rows message names, as far as its bytes are whole ids."""
+    return np.frombuffer(sids[: len(sids) // 8 * 8], np.int64).tolist()
 
 
 def _audio_messages(packets: Iterator[tuple[int, np.ndarray]]) -> Iterator[Audio]:
