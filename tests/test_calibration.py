@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from parakeet_stream.engine import ASREngine
-from parakeet_stream.engine.scheduler import HEADROOM, PROVEN
+from parakeet_stream.engine.admission import HEADROOM, PROVEN
 
 FIXED, PER_STREAM = 0.02, 0.01  # seconds the slowed encode stage adds to a step
 FIRST = 0.02  # and to each stream's first chunk on top (a first chunk costs more than a steady one)

@@ -14,7 +14,8 @@ import pytest
 from parakeet_stream.engine.errors import QueueFull
 from parakeet_stream.engine.inbox import Inbox
 from parakeet_stream.engine.policy import StepCost
-from parakeet_stream.engine.scheduler import PROVEN, RAMP, Scheduler
+from parakeet_stream.engine.admission import PROVEN, RAMP
+from parakeet_stream.engine.scheduler import Scheduler
 from parakeet_stream.engine.sequence import Sequence, Status
 from parakeet_stream.model.conformer import chunk_spec
 
@@ -76,9 +77,9 @@ def test_a_plan_finds_the_streams_with_work_in_the_table_and_misses_none():
         sch.add(s)
     give_chunks(talking, 1)
     assert [item.seq for item in sch.schedule()] == [talking]
-    assert sch._candidates() == ([], []) and sch._plan(0.0) == (None, None)  # nobody has work left
+    assert sch.slots.with_work(sch._finals) == ([], []) and sch._plan(0.0) == (None, None)  # nobody has work left
     give_chunks(quiet, 2)
-    assert [(r.item, r.chunks) for r in sch._candidates()[0]] == [(quiet, 2)]
+    assert [(r.item, r.chunks) for r in sch.slots.with_work(sch._finals)[0]] == [(quiet, 2)]
     sch.finalize(talking)
     assert {(item.seq, item.chunks, item.last) for item in sch.schedule()} == {(quiet, 2, False), (talking, 0, True)}
     give_chunks(waiting, 1)  # sent while queued (the scheduler knows nothing of it yet)
@@ -143,7 +144,7 @@ def test_a_long_backlog_goes_in_several_steps():
 
 def measured(sch: Scheduler, *batches: tuple[int, float]) -> None:
     """Give the Scheduler these measured round costs, (batch, seconds) each, and nothing else."""
-    sch.cost = StepCost()
+    sch.admission.cost = StepCost()
     for batch, seconds in batches:
         sch.cost.record(batch, seconds)
 
@@ -310,7 +311,7 @@ def admit_all(sch: Scheduler, seqs: list[Sequence]) -> list[bool]:
     admitted = []
     for s in seqs:
         admitted.append(sch.add(s))
-        sch._admitted = 0  # as after a step taken back
+        sch.admission._admitted = 0  # as after a step taken back
     return admitted
 
 
@@ -368,15 +369,15 @@ def test_a_live_stream_stops_counting_against_capacity_when_cancelled_in_flight_
     give_chunks(b, 1)
     step = sch.schedule()
     sch.cancel(a)  # in flight: its slot stays until the step is back, its share of the capacity not
-    assert len(sch.live) == 1 and a.slot is not None
+    assert len(sch.admission.live) == 1 and a.slot is not None
     sch.cost.alpha = 0.0
     failed, _ = sch.postprocess(step, failed=True)
     assert failed == [b] and waiting.status is Status.RUNNING and bulk.status is Status.RUNNING
-    assert len(sch.live) == 1 and sch.stats()["free_slots"] == 1  # the waiting one counts, the file not
+    assert len(sch.admission.live) == 1 and sch.stats()["free_slots"] == 1  # the waiting one counts, the file not
     sch.cancel(a)
     sch.cancel(waiting)
     sch.cancel(waiting)
-    assert len(sch.live) == 0 and sch.stats()["free_slots"] == 9  # no live stream: slots alone (the file holds one)
+    assert len(sch.admission.live) == 0 and sch.stats()["free_slots"] == 9  # no live stream: slots alone (the file holds one)
 
 
 def test_a_burst_is_let_in_a_quarter_more_at_a_time_past_what_ran_in_time():
@@ -390,6 +391,23 @@ def test_a_burst_is_let_in_a_quarter_more_at_a_time_past_what_ran_in_time():
         sch.postprocess(sch.schedule())
         assert sch.stats()["active"] == running + expected
         running += expected
+
+
+def test_past_what_was_proven_no_live_stream_is_let_in_after_a_step_in_time_without_room():
+    sch = Scheduler(100, 100, target=0.32, sample_rate=RATE)  # nothing measured: slots and the pace decide
+    seqs = [seq() for _ in range(PROVEN + 14)]
+    assert [sch.add(s) for s in seqs] == [True] * (PROVEN + RAMP) + [False] * (14 - RAMP)
+    running = PROVEN + RAMP
+    for s in seqs[:running]:
+        give_chunks(s, 1)
+    step = sch.schedule()
+    step.started -= 0.9 * 0.16  # its round took 90% of the 160 ms chunk period: in time, no room to spare
+    sch.postprocess(step)
+    assert sch.stats()["active"] == running and sch.stats()["queued"] == 14 - RAMP
+    for s in seqs[:running]:
+        give_chunks(s, 1)
+    sch.postprocess(sch.schedule())  # a step with room: the pace goes on
+    assert sch.stats()["active"] == running + 5
 
 
 def test_the_cost_line_is_least_squares_never_negative():
@@ -415,7 +433,7 @@ def test_past_what_ran_in_time_no_live_stream_is_admitted_for_a_while_after_a_li
     seqs[0].admitted_at -= 0.5  # (in its slot, not in the queue)
     sch.postprocess(step)
     assert not sch.add(seq()) and not sch.add(seq(bulk=True))  # the bulk one: behind the waiting live one
-    sch._behind_until = 0.0  # BEHIND_HOLD later
+    sch.admission._behind_until = 0.0  # BEHIND_HOLD later
     give_chunks(seqs[0], 1)
     sch.postprocess(sch.schedule())
     assert sch.stats()["queued"] == 0 and sch.stats()["active"] == PROVEN + 2
@@ -428,7 +446,7 @@ def test_a_machine_slower_than_real_time_still_serves_one_live_stream_at_a_time(
 
 
 def test_why_streams_wait_is_logged_once_each_time_the_reason_changes(caplog):
-    caplog.set_level("INFO", logger="parakeet_stream.engine.scheduler")
+    caplog.set_level("INFO", logger="parakeet_stream.engine.admission")
     sch = Scheduler(3, 3, target=0.32, sample_rate=RATE)
     measured(sch, (1, 0.060), (2, 0.110))  # 2 live streams
     assert admit_all(sch, [seq() for _ in range(4)]) == [True, True, False, False]

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from .scheduler import HEADROOM
+from .admission import HEADROOM
 
 log = logging.getLogger(__name__)
 

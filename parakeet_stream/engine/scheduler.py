@@ -4,84 +4,28 @@ As nano-vllm's: `schedule()` picks the next step (which streams, how many of the
 by the policy in policy.py: live streams' chunks by their deadlines (the latency target's
 budget, latency.py), then bulk streams' backlogs in the room the live ones leave; the runner
 executes it; `postprocess()` takes it back, releases finished streams' slots and admits waiting
-ones. A stream's lifecycle (status, slot,
-steps in flight, chunks scheduled, its final's time) changes here only, under one lock.
+ones. A stream's lifecycle (status, slot, steps in flight, chunks scheduled, its final's time)
+changes here only, under one lock.
 
-Admission by measured capacity: a live stream takes a slot only while the measured step cost
-(StepCost's line through the steps run so far: a round's fixed part and its part per stream)
-predicts a round of every live stream within HEADROOM of the shortest chunk period among them;
-past that it waits in the queue, however many slots are free, and is admitted as streams end or
-as steps prove cheaper. Beyond that point every stream would fall behind together: each step takes
-longer than the audio it serves, and the next step is larger. The line is fitted to the steps
-run so far, and a machine whose host work grows with contention (the interpreter lock) can cost
-more per stream at a load it has not run yet. So beyond the most live streams it has served in
-time so far (at least PROVEN), live streams are let in a step at a time, at most a quarter more
-than are running (RAMP at least) between two steps or in PACE, and none for BEHIND_HOLD seconds
-after a step delivered a live chunk later than the latency target (a chunk that waited in the
-queue counts from its admission; such a step also takes back what it had proven). A burst of
-clients is let in as the steps show what the machine holds, not all at once. The engine measures
-two batch sizes of steady chunks when it starts (calibration.py), so the line is known before the
-first client; without it, slots and that pace alone decide until steps are measured. Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone
-decide for them.
+Admission (admission.py) decides whether a live stream may take a free slot now; the slot pool
+(slots.py) says which stream holds each slot, and its stream table which have work.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterator
 
-import numpy as np
-
+from .admission import PACE, Admission
 from .errors import QueueFull
 from .latency import LatencyTarget
-from .policy import LOADED, SATURATED, Backlog, Ready, Situation, StepCost, Timeline, decide
+from .policy import LOADED, SATURATED, Ready, Situation, StepCost, Timeline, decide
 from .sequence import DEAD, Sequence, Status
+from .slots import SlotPool
 from .step import Step, StepItem
-from .stream_table import StreamTable
-
-log = logging.getLogger(__name__)
-
-BUSY_WINDOW = 1.0  # seconds over which the model's busy fraction is measured
-HEADROOM = SATURATED  # share of a chunk period a round of every live stream may take
-PROVEN = 16  # live streams admitted without pacing on any machine
-RAMP = 4  # live streams that may be admitted between two steps, however few run
-BEHIND_HOLD = 1.0  # seconds without live admissions after a live chunk came later than the target
-PACE = 0.1  # seconds: at most max(RAMP, a quarter of those running) live admissions in each, or per step
-
-
-class LiveStreams:
-    """The live (not bulk) streams holding a slot that are not dead: how many, and how many of
-    each chunk period. Admission asks for both at every step and at every admission: counted as
-    streams come and go, not by a loop over every stream."""
-
-    def __init__(self) -> None:
-        self._ids: set[int] = set()
-        self._periods: Counter[int] = Counter()  # samples per chunk -> streams
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def add(self, seq: Sequence) -> None:
-        if not seq.bulk and seq.stream_id not in self._ids:
-            self._ids.add(seq.stream_id)
-            self._periods[seq.inbox.chunk_samples] += 1
-
-    def discard(self, seq: Sequence) -> None:
-        if seq.stream_id in self._ids:
-            self._ids.remove(seq.stream_id)
-            period = seq.inbox.chunk_samples
-            self._periods[period] -= 1
-            if not self._periods[period]:
-                del self._periods[period]
-
-    def shortest_period(self, new: Sequence | None = None) -> int | None:
-        """The shortest chunk period among them (in samples), `new` counted in; None without any."""
-        periods = [*self._periods, *([new.inbox.chunk_samples] if new else [])]
-        return min(periods, default=None)
 
 
 class Scheduler:
@@ -98,25 +42,15 @@ class Scheduler:
         self.max_in_flight = max_in_flight
         self.max_chunks_per_step = max_chunks_per_step
         self.lead = lead
-        self.cost = StepCost()
-        self.free: deque[int] = deque(range(max_num_streams))
+        self.admission = Admission(max_num_streams, sample_rate)
+        self.slots = SlotPool(max_num_streams)
+        self.table = self.slots.table  # every admitted stream's audio counters, a row per slot
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
-        self.live = LiveStreams()
-        # every admitted stream's audio counters, a row per slot (stream_table.py): a plan finds the
-        # streams with ready chunks by one comparison over it
-        self.table = StreamTable(max_num_streams)
-        self._at_slot: list[Sequence | None] = [None] * max_num_streams
         self._finals: dict[Sequence, None] = {}  # their final came; their last step is not scheduled yet
         self._in_flight: list[Step] = []
         self._last_done = 0.0  # when the last step was done
         self._timeline = Timeline()  # when the steps in flight are predicted to be done
-        self._busy: deque[tuple[float, float]] = deque()  # (end, seconds) of recent steps
-        self._behind_until = 0.0  # no live admissions before then (a live chunk came late)
-        self._admitted = 0  # live streams admitted since the last step was taken back, or PACE
-        self._paced_at = 0.0
-        self._proven = PROVEN  # the most live streams a step has served in time
-        self._refused: str | None = None  # why the queue's head waits, as last logged
         # the live streams' backlog at the last plan, for `stats` (worked out per plan, not per call: a
         # queued client's every position update asks for the stats)
         self._behind = _behind([], 0.0)
@@ -132,7 +66,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> bool:
         """Admit now (True) or queue (False); raises QueueFull when the waiting queue is full."""
         with self._cv:
-            if not self.waiting and self._admits(seq):
+            if not self.waiting and self._refusal(seq) is None:
                 self._admit(seq)
                 return True
             if len(self.waiting) >= self.max_queue:
@@ -178,8 +112,8 @@ class Scheduler:
                 return list(self.waiting)[i:]
             if seq.status in (Status.RUNNING, Status.FINALIZING):
                 seq.status = Status.CANCELLED
-                self.table.open[seq.slot] = False
-                self.live.discard(seq)
+                self.slots.close(seq)
+                self.admission.live.discard(seq)
                 if seq.in_flight == 0:
                     return self._release(seq)
             return []
@@ -199,7 +133,7 @@ class Scheduler:
                         step, timeout = self._plan(time.monotonic())
                         if step is not None:
                             return step
-                    if self.waiting and self.free:  # the pace's next admissions
+                    if self.waiting and self.slots.free:  # the pace's next admissions
                         timeout = min(timeout if timeout is not None else PACE, PACE)
                     self._planning = False  # from here a push's news takes the lock and wakes it
                     if not self._news:
@@ -219,28 +153,23 @@ class Scheduler:
             seconds = now - max(step.started, self._last_done)
             self._last_done = now
             if not failed:
-                self.cost.record_step([max(item.chunks, 1) for item in step], seconds)
                 if step.predicted_end is not None:
                     self.latency.step_done(now - step.predicted_end)
-            # a chunk that arrived while its stream waited for a slot is late by the wait, not by the engine
-            oldest = min((max(item.ready_times[0], item.seq.admitted_at) for item in step
-                          if item.ready_times and not item.seq.bulk), default=now)
-            if not failed and now - oldest > self.latency.target:
-                self._behind_until = now + BEHIND_HOLD
-                self._proven = max(PROVEN, min(self._proven, len(self.live) - 1))
-            elif not failed:
-                self._proven = max(self._proven, len(self.live))
-            self._admitted = 0
+                # a chunk that arrived while its stream waited for a slot is late by the wait, not by the engine
+                oldest = min((max(item.ready_times[0], item.seq.admitted_at) for item in step
+                              if item.ready_times and not item.seq.bulk), default=None)
+                late = None if oldest is None else now - oldest > self.latency.target
+                self.admission.step_done([max(item.chunks, 1) for item in step], seconds, late,
+                                         sum(step.seconds.values()), now)
             self._timeline.settle(now, sum(s.predicted_seconds for s in self._in_flight))
-            self._busy.append((now, sum(step.seconds.values())))
             newly_failed, changed = [], self._admit_waiting()  # steps measured cheaper may make room
             for item in step:
                 seq = item.seq
                 seq.in_flight -= 1
                 if failed and seq.status not in DEAD:
                     seq.status = Status.FAILED
-                    self.table.open[seq.slot] = False
-                    self.live.discard(seq)
+                    self.slots.close(seq)
+                    self.admission.live.discard(seq)
                     newly_failed.append(seq)
                 if seq.in_flight == 0 and (seq.status in DEAD or item.last):
                     changed += self._release(seq)
@@ -266,12 +195,15 @@ class Scheduler:
         proven, the latency figures and whether a chunk came late (after the start-up measurement,
         calibration.py)."""
         with self._cv:
-            self.cost = StepCost()
-            self._busy.clear()
-            self._timeline = Timeline()
-            self._behind_until, self._proven, self._last_done = 0.0, PROVEN, 0.0
+            self.admission.forget()
+            self._timeline, self._last_done = Timeline(), 0.0
             self.latency = LatencyTarget(self.latency.target)
             self._behind = _behind([], 0.0)
+
+    @property
+    def cost(self) -> StepCost:
+        """The measured step cost (policy.py), what the plan predicts steps by and admission admits by."""
+        return self.admission.cost
 
     def stop(self) -> None:
         with self._cv:
@@ -280,11 +212,11 @@ class Scheduler:
 
     def stats(self) -> dict:
         with self._cv:
-            capacity = self._capacity(None)
+            capacity = self.admission.capacity(None)
             return {
                 "active": len(self.active),
                 "queued": len(self.waiting),
-                "free_slots": min(len(self.free), max(0, capacity - len(self.live))),  # admitted now, live
+                "free_slots": min(len(self.slots.free), max(0, capacity - len(self.admission.live))),  # admitted now, live
                 "capacity": capacity,
                 "max_num_streams": self.max_num_streams,
                 "max_queue": self.max_queue,
@@ -294,11 +226,11 @@ class Scheduler:
     # --- internals (lock held) ----------------------------------------------------------------
     def _plan(self, now: float) -> tuple[Step | None, float | None]:
         """The next step by the policy, or (None, seconds to wait before deciding again)."""
-        ready, backlogs = self._candidates()
+        ready, backlogs = self.slots.with_work(self._finals)
         self._behind = _behind(ready, now)
-        loaded = not self._in_flight and LOADED <= self._busy_fraction(now) < SATURATED
+        loaded = not self._in_flight and LOADED <= self.admission.busy_fraction(now) < SATURATED
         # the other live streams matter only to hold ready chunks for them, or to fit bulk work around them
-        upcoming, live_streams = self._upcoming() if backlogs or (loaded and 0 < len(ready) < self.max_batch) else ([], 0)
+        upcoming, live_streams = self.slots.upcoming(self.sample_rate) if backlogs or (loaded and 0 < len(ready) < self.max_batch) else ([], 0)
         chosen, timeout = decide(Situation(
             ready, upcoming, backlogs, live_streams, now, self._timeline, self.cost, self.latency.budget, self.max_batch,
             self.max_chunks_per_step, loaded, live_in_flight=any(map(_has_live, self._in_flight)), lead=self.lead,
@@ -313,37 +245,6 @@ class Scheduler:
         if live and self.cost.measured:  # (unmeasured, a step is predicted to cost nothing)
             step.predicted_end = self._timeline.free_at
         return step, None
-
-    def _candidates(self) -> tuple[list[Ready], list[Backlog[Sequence]]]:
-        """Live streams with a ready chunk (or their final), and bulk streams with work: the rows of
-        the table with a ready chunk not taken, found at once, then the finals with nothing else left."""
-        table, at_slot = self.table, self._at_slot
-        ready, backlogs = [], []
-        with table.lock:
-            times, got, taken = table.times, table.ready, table.taken
-            for row in table.with_work().tolist():
-                seq = at_slot[row]
-                if seq.bulk:
-                    backlogs.append(Backlog(times[row][0], got[row] - taken[row], seq))
-                else:
-                    ready.append(Ready(times[row][0], seq, got[row] - taken[row]))
-            for seq in self._finals:  # (few: those whose final came) with only their last, partial chunk left
-                slot = seq.slot
-                if slot is not None and table.open[slot] and got[slot] == taken[slot]:
-                    (backlogs.append(Backlog(seq.final_at, 0, seq)) if seq.bulk
-                     else ready.append(Ready(seq.final_at, seq, 0)))
-        return ready, backlogs
-
-    def _upcoming(self) -> tuple[list[float], int]:
-        """The predicted arrivals of the next chunks of live streams without a ready one, and how many
-        live streams are running: a look at every row of the table."""
-        table = self.table
-        live = table.open & ~table.bulk
-        with table.lock:
-            got = np.array(table.ready)
-            quiet = np.flatnonzero(live & (got == np.array(table.taken)) & (got > 0) & ~table.finalizing)
-            due = table.due(quiet, self.sample_rate)
-        return due.tolist(), int(live.sum())
 
     def _make_step(self, chosen: list[tuple[Sequence, int]], now: float) -> Step:
         """A step of the chosen streams, each with up to its number of ready chunks."""
@@ -360,7 +261,7 @@ class Scheduler:
                 upto = None if last else table.first[slot] + (table.taken[slot] - 1) * table.every[slot]
                 if last:
                     seq.last_scheduled = True
-                    table.open[slot] = False
+                    self.slots.close(seq)
                     self._finals.pop(seq, None)
                 seq.in_flight += 1
                 items.append(StepItem(seq, slot, len(times), last, first, times, seq.final_at, upto))
@@ -368,89 +269,37 @@ class Scheduler:
         self._in_flight.append(step)
         return step
 
-    def _busy_fraction(self, now: float) -> float:
-        while self._busy and self._busy[0][0] < now - BUSY_WINDOW:
-            self._busy.popleft()
-        return sum(seconds for _, seconds in self._busy) / BUSY_WINDOW
-
-    def _capacity(self, new: Sequence | None) -> int:
-        """The most live streams the measured step cost serves in real time, with `new` among them."""
-        samples = self.live.shortest_period(new)
-        if samples is None:
-            return self.max_num_streams
-        period = samples / self.sample_rate
-        # at least one: a machine slower than real time still serves a stream at a time, late
-        return max(1, self.cost.most_streams(HEADROOM * period, self.max_num_streams))
-
-    def _admits(self, seq: Sequence) -> bool:
-        return self._refusal(seq) is None
-
-    def _refusal(self, seq: Sequence) -> str | None:
-        """Why `seq` cannot take a slot now (None: it can), in words for the log."""
-        if not self.free:
-            return "every slot is taken"
-        if seq.bulk:
-            return None
-        live = len(self.live)
-        if live >= self._proven:  # past what has run in time: paced, and held while behind
-            now = time.monotonic()
-            if now < self._behind_until:
-                return f"a live chunk came later than the target: no live admissions for {BEHIND_HOLD:g} s"
-            if now - self._paced_at >= PACE:
-                self._paced_at, self._admitted = now, 0
-            if self._admitted >= max(RAMP, (live - self._admitted) // 4):  # those running at the last step
-                return f"past the {self._proven} live streams served in time so far, they are let in a step at a time"
-        capacity = self._capacity(seq)
-        if live >= capacity:
-            return f"the measured step cost serves {capacity} live streams in real time"
-        return None
-
     def _admit_waiting(self) -> list[Sequence]:
         """Admit waiting streams, first come first served, while they fit; returns every stream whose
         state changed (the admitted, and the rest of the queue, whose positions moved)."""
         admitted = []
-        while self.waiting and self._admits(self.waiting[0]):
+        while self.waiting and self._refusal(self.waiting[0]) is None:
             nxt = self.waiting.popleft()
             self._admit(nxt)
             admitted.append(nxt)
         if admitted:
             self._cv.notify_all()
-        self._tell_why(self._refusal(self.waiting[0]) if self.waiting else None)
+        self.admission.tell_why(self._refusal(self.waiting[0]) if self.waiting else None, len(self.waiting))
         return admitted + (list(self.waiting) if admitted else [])
 
-    def _tell_why(self, refusal: str | None) -> None:
-        """Log why streams wait in the queue, each time the reason changes."""
-        if refusal != self._refused:
-            if refusal is not None:
-                log.info("admission: %d stream(s) wait: %s", len(self.waiting), refusal)
-            self._refused = refusal
+    def _refusal(self, seq: Sequence) -> str | None:
+        return self.admission.refusal(seq, len(self.slots.free))
 
     def _admit(self, seq: Sequence) -> None:
-        if not seq.bulk and len(self.live) >= self._proven:  # past what ran in time: paced
-            self._admitted += 1
-        slot = self.free.popleft()
-        seq.slot, seq.admitted_at = slot, time.monotonic()
+        self.admission.admitted(seq)
+        seq.admitted_at = time.monotonic()
         seq.status = Status.FINALIZING if seq.final_at is not None else Status.RUNNING
         self.active[seq.stream_id] = seq
-        self.live.add(seq)
-        seq.inbox.move_to(self.table, slot)  # with what it sent while it waited
-        self._at_slot[slot] = seq
-        table = self.table
-        table.open[slot], table.bulk[slot], table.finalizing[slot] = True, seq.bulk, seq.final_at is not None
+        self.slots.take(seq)  # with what it sent while it waited
 
     def _release(self, seq: Sequence) -> list[Sequence]:
         """Free the stream's slot and admit waiting streams; returns every stream whose state changed."""
-        table, slot = self.table, seq.slot
-        table.open[slot] = table.finalizing[slot] = False
-        seq.inbox.move_out()  # a push that comes now lands in its own table, not in the row's next stream's
-        self._at_slot[slot] = None
+        self.slots.give_back(seq)
         self._finals.pop(seq, None)
-        self.free.append(slot)
-        seq.slot = None
         if seq.status is Status.FINALIZING:
             seq.status = Status.FINISHED
         self.active.pop(seq.stream_id, None)
-        self.live.discard(seq)
+        self.admission.live.discard(seq)
         self._cv.notify_all()
         return self._admit_waiting()
 
