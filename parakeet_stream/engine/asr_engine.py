@@ -7,38 +7,26 @@ import itertools
 import logging
 import threading
 import time
-from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
-import torch
 
 from ..audio import SAMPLE_RATE, check_samples
-from ..host import free_memory, responsive_threads, stage_threads, stages_beside
+from ..host import responsive_threads
 from ..model.config import Lookahead
-from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
-from ..model.precision import check_precision, set_precision
+from .builder import build
 from .calibration import calibrate
 from .chunker import FrontEnd
+from .config import EngineConfig
 from .errors import EngineError, QueueFull
-from .inbox import Inbox, push_many
-from .info import EngineInfo
-from .languages import Languages
-from .latency import DEFAULT_TARGET
-from .memory import MAX_SLOTS, plan_memory, slot_bytes, stream_bytes
-from .options import auto_num_streams
+from .inbox import push_many
 from .phrases import LabelPriors, Phrase, boosting_tree
-from .pipeline import DEPTH, Pipeline, Stage
-from .policy import bulk_lookahead
-from .result_rows import ResultRows
-from .results import DecoderProgress, ResultBuilder, StreamResult
-from .runner.cuda_streams import device_at
-from .runner.model_runner import ModelRunner
-from .scheduler import Scheduler
+from .pipeline import Stage, route
+from .results import DecoderProgress, StreamResult
 from .sequence import Sequence, Status
-from .step import Step, StepItem, StepTotals
+from .step import Step, StepTotals
 
 log = logging.getLogger(__name__)
 
@@ -46,100 +34,26 @@ log = logging.getLogger(__name__)
 class ASREngine:
     sample_rate = SAMPLE_RATE
 
-    def __init__(
-        self,
-        model: str | Path | ParakeetModel = "demo",
-        device: str = "cpu",
-        max_num_streams: int | str = 64,
-        max_queue: int = 256,
-        lookahead: Lookahead | None = None,
-        endpoint_seconds: float = 0.8,
-        dtype: str | torch.dtype = torch.float32,
-        quantize: str | None = None,
-        max_batch: int | None = None,
-        latency_target: float = DEFAULT_TARGET,
-        threads: int | None = None,
-        cuda_graphs: bool | None = None,
-        auto_limit: int | None = None,
-        modes: Iterable[Lookahead] | None = None,
-        calibrate: bool = True,
-    ):
-        """max_batch: most streams per step (default: every slot on CPU; sized to memory on CUDA,
-        memory.py); latency_target: seconds, p95 from a chunk's last sample to its result taken
-        (latency.py); cuda_graphs: replay encoder and decoder from CUDA graphs (default: on CUDA);
-        auto_limit: with max_num_streams "auto", at most this many slots (the server's bound: what its
-        connections may take of the host's memory); modes: the lookahead modes served (default: every
-        mode of the model; graphs are captured for these only, and streams may ask for no other);
-        calibrate: measure the step cost when the engine starts, before any client (calibration.py;
-        off for a tool that serves files only, which admission does not pace)."""
-        if threads is not None and threads < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
-        started = time.monotonic()
-        lap = _Laps()
-        self.device = torch.device(device)
-        check_precision(self.device, dtype, quantize)  # before any weights move
-        if not isinstance(model, ParakeetModel):
-            model = load_model(model, self.device)
-        lap("load")
-        self.model = set_precision(model, dtype, quantize)
-        lap("precision")
-        self.device = model.features.fb.device  # with its index: what CUDA calls need ("cuda" -> "cuda:0")
-        self.lookahead_modes = self._served(modes)
-        self.default_lookahead = self._check_lookahead(lookahead or next(
-            (mode for mode in (model.cfg.default_lookahead, *self.lookahead_modes) if mode in self.lookahead_modes)))
-        self.languages = Languages(tuple(model.cfg.prompt.languages) if model.cfg.prompt else ())
+    def __init__(self, model: str | Path | ParakeetModel = "demo", device: str = "cpu", **options):
+        """`options`: EngineConfig's fields (config.py)."""
+        self.config = EngineConfig(model, device, **options)
+        parts = build(self.config)
+        self.model, self.device, self.modes, self.languages = parts.model, parts.device, parts.modes, parts.languages
+        self.scheduler, self.runner, self.results, self.info = parts.scheduler, parts.runner, parts.results, parts.info
+        self.lookahead_modes, self.default_lookahead = self.modes.served, self.modes.default
         self._label_priors = LabelPriors(self.model.decoder.label_prior)
-        most = min(auto_limit or MAX_SLOTS, MAX_SLOTS)
-        if self.device.type == "cuda":
-            plan = plan_memory(free_memory(self.device), slot_bytes(model), stream_bytes(model),
-                               None if max_num_streams == "auto" else int(max_num_streams), max_batch,
-                               most=most)
-            max_num_streams, max_batch = plan.slots, plan.max_batch
-        elif max_num_streams == "auto":
-            max_num_streams = auto_num_streams(model, self.device, model.encoder_dtype, cap=most)
-        self.scheduler = Scheduler(int(max_num_streams), max_queue, latency_target, self.sample_rate, max_batch,
-                                   max_in_flight=DEPTH, lead=self._first_chunk_seconds(model))
-        lap("memory")
-        self.runner = ModelRunner(model, self.scheduler.max_num_streams, self.scheduler.max_batch, cuda_graphs,
-                                  self.default_lookahead, self.lookahead_modes)
-        lap("pools")
-        self.runner.capture()  # before the stage threads run: a capture must not overlap their work
-        lap("capture")
-        tok = model.tokenizer
-        endpoint_frames = max(1, round(endpoint_seconds / model.frame_seconds))
-        self.results = ResultBuilder(model.frame_seconds, tok.eou_id if tok else None, endpoint_frames,
-                                     tok.language_tags if tok else None)
-        self.pipeline = self._route(threads)
+        self.pipeline = route(self.device, self.config.threads, self.step_stages(), self.runner.streams.enter,
+                              schedule=self.scheduler.schedule, deliver=self._deliver, fail=self._fail)
         self._whole_step = Stage("step", tuple(self.step_stages()))
         self._seqs: dict[int, Sequence] = {}
         self._lock = threading.Lock()
         self.forget_streams()
-        self._calibrate = calibrate
         self._started = False
-        self.info = EngineInfo(
-            sample_rate=self.sample_rate,
-            frame_seconds=model.frame_seconds,
-            tokenizer=model.tokenizer,
-            lookahead_modes=tuple(self.lookahead_modes),
-            default_lookahead=self.default_lookahead,
-            bulk_lookahead=bulk_lookahead(self.lookahead_modes),
-            chunk_seconds={mode: self.chunk_seconds(mode) for mode in self.lookahead_modes},
-            ready_samples={mode: self._inbox(mode).readiness for mode in self.lookahead_modes},
-            precision=model.precision,
-            start_seconds=round(time.monotonic() - started, 2),
-            cuda_graphs=self.runner.graph_count,
-            start_phases=lap.seconds,
-            languages=self.languages.names,
-            default_language=self.languages.default,
-            endpoint_frames=endpoint_frames,
-        )
-        log.info("engine ready in %.1f s (%s)", self.info.start_seconds,
-                 ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in lap.seconds.items()))
 
     # --- lifecycle ----------------------------------------------------------------------
     def start(self) -> "ASREngine":
         if not self._started:
-            if self._calibrate:  # its steps on this thread, before the stage threads take them
+            if self.config.calibrate:  # its steps on this thread, before the stage threads take them
                 calibrate(self)
             responsive_threads()
             self.pipeline.start()
@@ -168,34 +82,7 @@ class ASREngine:
 
     # --- model facts ------------------------------------------------------------------------
     def chunk_seconds(self, lookahead: Lookahead | None = None) -> float:
-        spec = self.model.encoder.chunk_spec(self._check_lookahead(lookahead or self.default_lookahead))
-        return spec.chunk_frames * self.model.cfg.features.hop_length / self.sample_rate
-
-    def _first_chunk_seconds(self, model: ParakeetModel) -> float:
-        """Audio a new stream sends before its first chunk is ready, in its quickest mode."""
-        first = min(model.encoder.chunk_spec(mode).first_frames for mode in self.lookahead_modes)
-        return (first - 1) * model.cfg.features.hop_length / self.sample_rate
-
-    def _served(self, modes: Iterable[Lookahead] | None) -> list[Lookahead]:
-        if modes is None:
-            return list(self.model.cfg.encoder.att_context_sizes)
-        served = list(dict.fromkeys(self._model_mode(mode) for mode in modes))
-        if not served:
-            raise EngineError("bad_lookahead", "no lookahead mode to serve")
-        return served
-
-    def _check_lookahead(self, lookahead) -> Lookahead:
-        mode = self._model_mode(lookahead)
-        if mode not in self.lookahead_modes:
-            raise EngineError("bad_lookahead", f"lookahead {mode[0]},{mode[1]} is not served here "
-                                               f"(served: {', '.join(f'{a},{b}' for a, b in self.lookahead_modes)})")
-        return mode
-
-    def _model_mode(self, lookahead) -> Lookahead:
-        try:
-            return self.model.encoder.check_lookahead(lookahead)
-        except (ValueError, TypeError, IndexError) as exc:
-            raise EngineError("bad_lookahead", str(exc)) from None
+        return self.modes.chunk_seconds(self.modes.check(lookahead or self.default_lookahead))
 
     def check_phrases(self, phrases: tuple[Phrase, ...]) -> None:
         """PhraseError where a stream could not boost `phrases` (create_stream's check, for a
@@ -220,14 +107,14 @@ class ASREngine:
         language = self.languages.resolve(language)
         tree = boosting_tree(phrases, self.model.tokenizer, self._label_priors)
         if lookahead is not None:
-            mode = self._check_lookahead(lookahead)
+            mode = self.modes.check(lookahead)
         else:
             mode = self.info.bulk_lookahead if bulk else self.default_lookahead
         sid = next(self._ids)
         seq = Sequence(
             stream_id=sid,
             lookahead=mode,
-            inbox=self._inbox(mode),
+            inbox=self.modes.inbox(mode),
             front=FrontEnd(self.model.features, self.model.encoder.chunk_spec(mode)),
             decoding=DecoderProgress(self.model.tokenizer, language),
             bulk=bulk,
@@ -361,43 +248,8 @@ class ASREngine:
             ("pre-encode", lambda step: runner.pre_encode(step)),  # features, subsampling
             ("encode", lambda step: runner.encode(step)),  # the cache-aware layers
             ("decode", lambda step: runner.decode(step)),  # greedy RNN-T: tokens
-            ("results", self._results),  # tokens -> text, times, end of utterance
+            ("results", lambda step: step.build_results(self.results)),  # tokens -> text, times, end of utterance
         ]
-
-    def _route(self, threads: int | None) -> Pipeline:
-        """The step's stages spread over threads (pipeline.py): pre-encode, encode, and decode with
-        results, each on its own thread; where the encoder's team takes every core
-        (host.stages_beside), all of them on one thread, one step at a time."""
-        enter = self.runner.streams.enter
-        team = stage_threads(self.device, encoder=True, threads=threads)
-        alone = stage_threads(self.device, encoder=False, threads=threads)
-        pre_encode, encode, *decode = self.step_stages()
-        if stages_beside(self.device, team):
-            stages = [Stage("pre-encode", (pre_encode,), alone, partial(enter, "pre-encode")),
-                      Stage("encode", (encode,), team, partial(enter, "encode")),
-                      Stage("decode", tuple(decode), alone, partial(enter, "decode"))]
-        else:  # on a CPU whose every core is in the encoder's team: step() on one thread, in a loop
-            stages = [Stage("step", (pre_encode, encode, *decode), team)]
-        return Pipeline(schedule=self.scheduler.schedule, stages=stages, deliver=self._deliver, fail=self._fail,
-                        device_at=device_at)
-
-    def _results(self, step: Step) -> None:
-        """Each chunk's result from its new tokens; a stream's last step adds its final result. A
-        stream with a sink gets them as rows, its sink's streams' in one ResultRows."""
-        now, sunk, build = time.monotonic(), {}, self.results.build
-        for item in step:
-            if not item.live:
-                continue
-            seq = item.seq
-            if seq.sink is not None:
-                sunk.setdefault(seq.sink, []).extend(_rows(item, now))
-                continue
-            for r, tokens in enumerate(item.tokens):
-                step.results.append((seq, build(seq.stream_id, seq.decoding, tokens, item.frames[r], False,
-                                                now - _ready_at(item, r), item.eou[r])))
-            if item.last:
-                step.results.append((seq, build(seq.stream_id, seq.decoding, item.final_tokens, 0, True, None)))
-        step.rows = [(sink, ResultRows.of(rows)) for sink, rows in sunk.items()]
 
     def _deliver(self, step: Step) -> None:
         if log.isEnabledFor(logging.DEBUG):
@@ -423,44 +275,12 @@ class ASREngine:
         _notify(changed)
 
     # --- internals ------------------------------------------------------------------------
-    def _inbox(self, mode: Lookahead) -> Inbox:
-        features = self.model.cfg.features
-        return Inbox(self.model.encoder.chunk_spec(mode), features.hop_length, features.n_fft)
-
     def _seq(self, sid: int) -> Sequence:
         with self._lock:
             seq = self._seqs.get(sid)
         if seq is None:
             raise EngineError("unknown_stream", f"no stream {sid}")
         return seq
-
-
-class _Laps:
-    """Seconds of each phase of the engine's start-up, in order (each call ends one)."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-        self._last = time.monotonic()
-
-    def __call__(self, phase: str) -> None:
-        now = time.monotonic()
-        self.seconds[phase] = round(now - self._last, 2)
-        self._last = now
-
-
-def _ready_at(item: StepItem, r: int) -> float:
-    """When the item's chunk `r` was ready: its last sample's arrival, or the final for one cut at the end."""
-    return item.ready_times[r] if r < len(item.ready_times) else item.final_at
-
-
-def _rows(item: StepItem, now: float) -> list:
-    """The item's results as ResultRows rows: a row per chunk, then its final in its last step."""
-    sid = item.seq.stream_id
-    rows = [(sid, tokens, item.frames[r], False, now - _ready_at(item, r), item.eou[r])
-            for r, tokens in enumerate(item.tokens)]
-    if item.last:
-        rows.append((sid, item.final_tokens, 0, True, None, 0.0))
-    return rows
 
 
 def _notify(seqs: list[Sequence]) -> None:

@@ -21,10 +21,13 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
 
+from ..host import stage_threads, stages_beside
+from .runner.cuda_streams import device_at
 from .step import Step
 
 log = logging.getLogger(__name__)
@@ -162,3 +165,22 @@ class Pipeline:
         finally:
             self._busy.pop(stage.name, None)
         return True
+
+
+def route(device: torch.device, threads: int | None, runs: list[tuple[str, Callable[[Step], None]]],
+          enter: Callable[[str], None], schedule: Callable[[], Step | None], deliver: Callable[[Step], None],
+          fail: Callable[[Step], None]) -> Pipeline:
+    """A step's stages (`runs`: pre-encode, encode, then decode and the rest) spread over threads:
+    pre-encode, encode, and decode with the rest, each on its own thread, `enter` first on each (CUDA:
+    its stream); where the encoder's team takes every core (host.stages_beside), all of them on one
+    thread, one step at a time."""
+    team = stage_threads(device, encoder=True, threads=threads)
+    alone = stage_threads(device, encoder=False, threads=threads)
+    pre_encode, encode, *decode = runs
+    if stages_beside(device, team):
+        stages = [Stage("pre-encode", (pre_encode,), alone, partial(enter, "pre-encode")),
+                  Stage("encode", (encode,), team, partial(enter, "encode")),
+                  Stage("decode", tuple(decode), alone, partial(enter, "decode"))]
+    else:  # on a CPU whose every core is in the encoder's team: step() on one thread, in a loop
+        stages = [Stage("step", (pre_encode, encode, *decode), team)]
+    return Pipeline(schedule=schedule, stages=stages, deliver=deliver, fail=fail, device_at=device_at)

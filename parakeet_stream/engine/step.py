@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,7 +10,7 @@ import torch
 
 from ..model.config import Lookahead
 from .result_rows import ResultRows
-from .results import StreamResult
+from .results import ResultBuilder, StreamResult
 from .sequence import DEAD, Sequence
 
 
@@ -65,6 +66,24 @@ class Step:
     done: Any = None  # CUDA: the event after the last stage's work on it (runner/cuda_streams.py)
     marks: list[tuple[tuple, Any]] = field(default_factory=list)  # CUDA: ((operation, rows, mode), event after it), runner/cuda_streams.py
 
+    def build_results(self, builder: ResultBuilder) -> None:
+        """Each chunk's result from its new tokens; a stream's last step adds its final result. A
+        stream with a sink gets them as rows, its sink's streams' in one ResultRows."""
+        now, sunk, build = time.monotonic(), {}, builder.build
+        for item in self.items:
+            if not item.live:
+                continue
+            seq = item.seq
+            if seq.sink is not None:
+                sunk.setdefault(seq.sink, []).extend(_rows(item, now))
+                continue
+            for r, tokens in enumerate(item.tokens):
+                self.results.append((seq, build(seq.stream_id, seq.decoding, tokens, item.frames[r], False,
+                                                now - _ready_at(item, r), item.eou[r])))
+            if item.last:
+                self.results.append((seq, build(seq.stream_id, seq.decoding, item.final_tokens, 0, True, None)))
+        self.rows = [(sink, ResultRows.of(rows)) for sink, rows in sunk.items()]
+
     def __iter__(self):
         return iter(self.items)
 
@@ -85,3 +104,18 @@ class StepTotals:
         self.chunks += sum(len(batch.items) for batch in step.batches)
         for stage, seconds in step.seconds.items():
             self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+
+def _ready_at(item: StepItem, r: int) -> float:
+    """When the item's chunk `r` was ready: its last sample's arrival, or the final for one cut at the end."""
+    return item.ready_times[r] if r < len(item.ready_times) else item.final_at
+
+
+def _rows(item: StepItem, now: float) -> list:
+    """The item's results as ResultRows rows: a row per chunk, then its final in its last step."""
+    sid = item.seq.stream_id
+    rows = [(sid, tokens, item.frames[r], False, now - _ready_at(item, r), item.eou[r])
+            for r, tokens in enumerate(item.tokens)]
+    if item.last:
+        rows.append((sid, item.final_tokens, 0, True, None, 0.0))
+    return rows
