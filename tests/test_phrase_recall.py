@@ -132,8 +132,8 @@ def test_a_stream_with_phrases_ends_its_utterances_when_the_model_says_so(audios
 def test_a_partial_match_does_not_swallow_the_words_the_audio_says():
     """A control of the evaluation set that once lost its last word: every hypothesis followed a
     listed phrase's first letters ("red b-lo..." for Blockchain) and none wrote "ball"."""
-    from phrase_eval import audio_of, text_of
-    from phrase_set import build
+    from evaluations.phrase_eval import audio_of, text_of
+    from evaluations.phrase_set import build
 
     sentence = next(s for s in build() if s["text"] == "the little boy lost his red ball")
     assert "blockchain" in sentence["listed"]
