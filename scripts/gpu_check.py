@@ -9,7 +9,7 @@ prints one verdict line: "capacity N streams at p95 <= 320 ms (chunk p95 X ms), 
 Parts, in the order of what they answer; each is timed and recorded, one that fails does not stop
 the others, and every part after the capacity runs only while time is left:
 1. machine: torch, CUDA, the GPU and its memory, bfloat16;
-2. model: random-weight `large` made on the spot (scripts/random_model.py);
+2. model: random-weight `large` made on the spot (demo_model/random_model.py);
 3. server: the real server (`parakeet-serve`, graphs on, bfloat16, `--max-num-streams auto`, 160 ms
    chunks) under the TCP load client (benchmarks/vs_parakeet_streaming/loadgen.py, spread over
    processes) at rising stream counts, stopping at the first level that fails and then bisecting
@@ -51,18 +51,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+from benchmarks.common import LOAD_CLIENT, ROOT, machine, speech
+from demo_model.random_model import build
+from evaluations.precision_report import fixture_agreement
+from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine.phrases import boosting_tree, check_phrases
+from parakeet_stream.host import single_threaded_host
+from parakeet_stream.tools.convert import convert
 
-from bench_engine import speech  # noqa: E402
-from precision_report import fixture_agreement  # noqa: E402
-from random_model import build  # noqa: E402
-from parakeet_stream.engine import ASREngine  # noqa: E402
-from parakeet_stream.engine.phrases import boosting_tree, check_phrases  # noqa: E402
-from parakeet_stream.host import single_threaded_host  # noqa: E402
-from parakeet_stream.tools.convert import convert  # noqa: E402
-
-LOADGEN = ROOT / "benchmarks" / "vs_parakeet_streaming" / "loadgen.py"
 LAG_S = 0.32  # the capacity line: p95 finalization lag
 FULL = {"device": "cuda", "model": "large", "dtype": "bfloat16", "lookahead": "70,1", "slots": "auto", "workers": "auto",
         "levels": (64, 128, 256, 512, 1024, 1536, 2048), "seconds": 8.0, "procs": 8,
@@ -109,15 +105,6 @@ class Report:
         print(json.dumps({name: record}, default=str), flush=True)
         write(self.parts, self.out, self.dry_run)
         return record
-
-
-def machine(device: str) -> dict:
-    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": device, "cpus": os.cpu_count()}
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        out |= {"gpu": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
-                "capability": f"{props.major}.{props.minor}", "bf16": torch.cuda.is_bf16_supported()}
-    return out
 
 
 def make_model(name: str, work: Path) -> Path:
@@ -266,10 +253,10 @@ def load_level(server: Server, wav: Path, n: int, settings: dict) -> dict:
                                 str(server.proc.pid), "--nonblocking", "--subprocesses"],  # the workers too
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with GpuSampler() as gpu, HealthWatch(server) as health:
-        proc = subprocess.run([sys.executable, str(LOADGEN), "--port", str(server.tcp), "--wav", str(wav),
+        proc = subprocess.run([sys.executable, *LOAD_CLIENT, "--port", str(server.tcp), "--wav", str(wav),
                                "--clients", str(n), "--procs", str(min(settings["procs"], n)), "--final-wait", "10",
                                "--connect-timeout", "20", "--metrics", server.http + "/metrics"],
-                              capture_output=True, text=True, timeout=settings["seconds"] + 120)
+                              capture_output=True, text=True, timeout=settings["seconds"] + 120, cwd=ROOT)
     if spy is not None:
         spy.wait(30)
     if proc.returncode:

@@ -15,4 +15,4 @@ if compgen -G "$wheels/*.whl" >/dev/null; then
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-exec "$PY" scripts/gpu_check.py "$@"
+exec "$PY" -m scripts.gpu_check "$@"

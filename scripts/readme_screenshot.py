@@ -5,7 +5,7 @@ Starts `parakeet-serve` on the bundled demo model, opens the page in headless ch
 fake microphone plays an espeak-ng sentence, lets it caption the sentence, stops, and saves the
 screenshot. Needs `apt-get install chromium espeak-ng` and `pip install -e '.[test]'`.
 
-    .venv/bin/python scripts/readme_screenshot.py [OUT.png]
+    .venv/bin/python -m scripts.readme_screenshot [OUT.png]
 """
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ from pathlib import Path
 
 import soundfile as sf
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from demo_model.speech import page_speech_wav  # the page tests' own espeak-ng sentence
 
-from test_web_page import speech_wav  # noqa: E402  (the page tests' own espeak-ng sentence)
+ROOT = Path(__file__).resolve().parent.parent
 
 TIMEOUT_MS = 60_000
 
@@ -37,7 +36,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="parakeet-screenshot-") as tmp:
         wav = Path(tmp) / "speech.wav"
-        seconds = sf.info(str(speech_wav(wav))).duration
+        seconds = sf.info(str(page_speech_wav(wav))).duration
         server = subprocess.Popen(
             [sys.executable, "-m", "parakeet_stream.server.cli", "--model", "demo", "--port", "0", "--ws-port", "0",
              "--http-port", "0", "--grpc-port", "0", "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.common import LOAD_CLIENT
 from helpers import ServerProcess, audio_file
 
-LOADGEN = Path(__file__).resolve().parent.parent / "benchmarks" / "vs_parakeet_streaming" / "loadgen.py"
+ROOT = Path(__file__).resolve().parent.parent
+HOST = ["-m", "benchmarks.host"]  # the host-path benchmark, run from ROOT
 
 
 @pytest.fixture
@@ -29,7 +31,7 @@ def write_wav(path: Path, samples: np.ndarray) -> Path:
 
 
 def loadgen(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(LOADGEN), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, *LOAD_CLIENT, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 def test_the_load_client_reports_the_servers_chunk_latency_and_steps(server, engine, sentence, tmp_path):
@@ -91,31 +93,27 @@ def test_the_load_client_as_admitted_starts_a_queued_stream_when_it_is_let_in(ti
 
 
 def test_the_host_benchmark_refuses_a_bad_device_time_in_one_line():
-    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
     for bad in ("banana", "9", "-1,0.5"):
-        out = subprocess.run([sys.executable, str(script), "--device-ms", bad], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([sys.executable, *HOST, "--device-ms", bad], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert out.returncode == 2 and "--device-ms:" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_the_host_benchmark_refuses_bad_packet_sizes_in_one_line():
-    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
     for bad in ("x", "20", "0,5", "160,20"):
-        out = subprocess.run([sys.executable, str(script), "--packet-ms", bad], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([sys.executable, *HOST, "--packet-ms", bad], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert out.returncode == 2 and "--packet-ms:" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_the_host_benchmark_refuses_a_count_below_one_in_one_line():
-    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
     for args in (["--lockstep", "0"], ["--lockstep", "-3"], ["--lockstep", "x"], ["--streams", "0"]):
-        out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([sys.executable, *HOST, *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert out.returncode == 2 and f"{args[0]}:" in out.stderr and "at least 1" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
 
 
 def test_the_host_benchmarks_lockstep_makes_each_round_one_step_and_answers_every_chunk(tmp_path):
-    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
-    out = subprocess.run([sys.executable, str(script), "--streams", "8", "--lockstep", "3", "--device-ms", "0,0",
-                          "--out", str(tmp_path / "lockstep.json")], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, *HOST, "--streams", "8", "--lockstep", "3", "--device-ms", "0,0",
+                          "--out", str(tmp_path / "lockstep.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     (level,) = json.loads((tmp_path / "lockstep.json").read_text())["lockstep"]
     assert (level["streams"], level["chunks"], level["steps"]) == (8, 24, 3)
@@ -129,9 +127,8 @@ def test_the_host_benchmarks_lockstep_makes_each_round_one_step_and_answers_ever
 def test_the_host_benchmark_through_the_service_counts_the_engine_process_and_its_service_threads(tmp_path):
     """`--service`: the streams come from a child process through the engine client API; every
     chunk is answered there, and the engine process's figures include its service threads."""
-    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_host.py"
-    out = subprocess.run([sys.executable, str(script), "--streams", "6", "--seconds", "1.5", "--service",
-                          "--out", str(tmp_path / "service.json")], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, *HOST, "--streams", "6", "--seconds", "1.5", "--service",
+                          "--out", str(tmp_path / "service.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     report = json.loads((tmp_path / "service.json").read_text())
     (level,) = report["levels"]

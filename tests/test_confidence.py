@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from frame_looping import frame_looping
+from benchmarks.kernels.frame_looping import frame_looping
 from helpers import run_stream
 from test_demo_model import DEMO, FIXTURE, synth
 from test_greedy import random_decoder

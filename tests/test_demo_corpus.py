@@ -1,4 +1,4 @@
-"""The demo corpus's text stage (scripts/demo_data.py) and the trainer's guards (train_demo.py:
+"""The demo corpus's text stage (demo_model/data.py) and the trainer's guards (demo_model/train.py:
 --init with another tokenizer, --freq-warp out of range, a cooldown outside the budget)."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ FORTUNES = Path("/usr/share/games/fortunes")
 
 
 def text_stage(out: Path, *extra: str) -> Path:
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "demo_data.py"), "--out", str(out), "--text-only",
-                    "--train-sentences", "2000", "--n-test", "40", *extra], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "demo_model.data", "--out", str(out), "--text-only",
+                    "--train-sentences", "2000", "--n-test", "40", *extra], check=True, capture_output=True, cwd=ROOT)
     return out / "text"
 
 
@@ -42,8 +42,8 @@ def test_test_text_reuses_an_earlier_corpus_test_sentences_and_keeps_them_out_of
 
 
 def train_demo(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "train_demo.py"), *args, "--nice", "0"],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "demo_model.train", *args, "--nice", "0"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 def refused_in_one_line(run: subprocess.CompletedProcess) -> str:
@@ -61,8 +61,8 @@ def test_init_refuses_a_data_folder_with_another_tokenizer(tmp_path):
 
 
 def test_test_text_without_test_splits_is_refused_in_one_line(tmp_path):
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo_data.py"), "--out", str(tmp_path / "c"),
-                          "--text-only", "--test-text", str(tmp_path)], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "demo_model.data", "--out", str(tmp_path / "c"),
+                          "--text-only", "--test-text", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode != 0
     assert run.stderr.strip().splitlines() == [
         f"--test-text {tmp_path}: no test_sentences.txt or test_voices.txt there "

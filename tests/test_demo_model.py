@@ -8,7 +8,7 @@ West Midlands accent, or a held-out variant).
 
 WER BARS: the issue's bar is 10% WER. The demo model trained in this session on a shared
 2-core CPU has not reached it yet (see weights/demo/README.md for the measured trajectory
-and `scripts/train_demo.py`, which keeps improving it); the bars below are the WER the
+and `python -m demo_model.train`, which keeps improving it); the bars below are the WER the
 shipped model actually achieves on these sentences plus a small margin. The lead decides
 whether to tighten them to 10% after a longer training run.
 """
@@ -16,9 +16,7 @@ whether to tighten them to 10% after a longer training run.
 from __future__ import annotations
 
 import json
-import math
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +24,11 @@ import pytest
 import torch
 from helpers import run_stream, tokens_of
 
+from demo_model.speech import FIXTURE, RATE, synth  # noqa: F401 - FIXTURE: test_confidence imports it from here
 from parakeet_stream.training.data import edit_distance
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "weights" / "demo"
-FIXTURE = Path(__file__).parent / "fixtures" / "demo_sentences.json"
 
 # Measured on the shipped model (streaming, these exact sentences) + margin; see the docstring.
 WER_BAR_SEEN_VOICES = 0.20  # shipped model: 14.3% on these 20 sentences; issue bar: 0.10
@@ -39,37 +37,10 @@ EOU_BAR = 0.90  # fraction of utterances ending with exactly one <EOU> and repor
 
 pytestmark = [
     pytest.mark.skipif(not (DEMO / "model.safetensors").is_file(),
-                       reason="weights/demo is absent (train it with `python scripts/train_demo.py`)"),
+                       reason="weights/demo is absent (train it with `python -m demo_model.train`)"),
     pytest.mark.skipif(shutil.which("espeak-ng") is None,
                        reason="espeak-ng is not installed (scripts/test.sh installs it)"),
 ]
-
-ESPEAK_RATE, RATE = 22050, 16000
-
-
-def synth(item: dict, seed: int, lead: float = 0.2, tail: float = 0.15) -> np.ndarray:
-    """espeak-ng rendering as in scripts/demo_data.py: 22.05 kHz -> 16 kHz, lead/tail silence,
-    light white noise (SNR 35 dB), peak at -6 dBFS, 16-bit rounding."""
-    import soxr
-
-    voice = item["voice"] if item["variant"] == "default" else f"{item['voice']}+{item['variant']}"
-    markup = ["-m"] if item["text"].startswith("<speak>") else []  # SSML, e.g. a <break time="500ms"/>
-    out = subprocess.run(["espeak-ng", "-v", voice, "-s", str(item["speed"]), "-p", str(item["pitch"]), *markup,
-                          "--stdout", item["text"]], capture_output=True, check=True).stdout
-    k = out.find(b"data")
-    assert out[:4] == b"RIFF" and k > 0, "espeak-ng gave no WAV"
-    assert int.from_bytes(out[24:28], "little") == ESPEAK_RATE
-    pcm = out[k + 8:]
-    x = np.frombuffer(pcm[: len(pcm) // 2 * 2], dtype="<i2").astype(np.float32) / 32768.0
-    y = soxr.resample(x, ESPEAK_RATE, RATE, quality="HQ").astype(np.float64)
-    rng = np.random.default_rng(seed)
-    speech = y[np.abs(y) > 0.01]
-    power = float(np.mean(speech**2)) if speech.size else 1e-6
-    y = np.concatenate([np.zeros(int(lead * RATE)), y, np.zeros(int(tail * RATE))])
-    y = y + rng.standard_normal(len(y)) * math.sqrt(power / 10 ** 3.5)
-    y = y * (10 ** (-6 / 20) / max(np.abs(y).max(), 1e-9))
-    return (np.round(y * 32767) / 32768).astype(np.float32)
-
 
 def word_errors(ref: str, hyp: str) -> int:
     return edit_distance(ref.split(), hyp.split())

@@ -51,8 +51,7 @@ def test_the_gpu_check_runs_every_part_on_cpu(tmp_path):
 
 
 def test_py_spy_files_are_bundled_into_one(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import gpu_check
+    from scripts import gpu_check
 
     for name in ("server-64.txt", "server-256.txt", "server-256-stalled.txt"):
         (tmp_path / name).write_text(name)
@@ -73,7 +72,7 @@ def test_the_gpu_check_installs_carried_wheels_before_it_runs(tmp_path):
         whl.writestr("probe_pkg-0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         whl.writestr("probe_pkg-0.1.dist-info/RECORD", "")
     python = tmp_path / "python"  # pip runs as asked; in place of the check, the import it depends on
-    python.write_text(f'#!/bin/bash\n[ "$1" = -m ] && exec {sys.executable} "$@"\n'
+    python.write_text(f'#!/bin/bash\n[ "$1" = -m ] && [ "$2" = pip ] && exec {sys.executable} "$@"\n'
                       f'exec {sys.executable} -c "import probe_pkg; print(probe_pkg.__file__)"\n')
     python.chmod(0o755)
     proc = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh")], capture_output=True, text=True, timeout=120,
@@ -91,8 +90,7 @@ def test_the_wheel_fetcher_refuses_a_bad_python_version_before_touching_anything
 
 def test_a_stalled_server_is_named_in_the_verdict_and_the_gpu_parts_after_it_are_skipped(tmp_path, monkeypatch):
     """A kernel that never ends outlives the server's process: every later GPU figure would be wrong."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import gpu_check
+    from scripts import gpu_check
 
     stall = {"stage": "decode", "thread": "decode", "seconds": 16.2, "streams": 40,
              "batches": ["(70, 1) x 40"], "device_at": "encode (70, 1) x 40"}
@@ -121,8 +119,7 @@ def test_a_stalled_server_is_named_in_the_verdict_and_the_gpu_parts_after_it_are
 
 def test_the_check_reads_a_stalled_servers_503_health(monkeypatch):
     """/health answers 503 while the engine is stalled: its body is what names the stall."""
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import gpu_check
+    from scripts import gpu_check
 
     body = json.dumps({"status": "broken", "stalled": {"stage": "decode"}}).encode()
 

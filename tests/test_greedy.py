@@ -1,5 +1,5 @@
 """Label-looping greedy decoding (model/greedy.py) against the frame-looping decoder it replaced
-(tests/frame_looping.py): the same labels at the same frames and the same final state, eagerly
+(benchmarks/kernels/frame_looping.py): the same labels at the same frames and the same final state, eagerly
 and as a CUDA graph's pass runs them (a bounded pass in fixed shapes, the rows it left unfinished
 decoded again eagerly from their state before it, as the engine's runner does)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from frame_looping import frame_looping
+from benchmarks.kernels.frame_looping import frame_looping
 
 from parakeet_stream.model.config import DecoderConfig, EncoderConfig, ModelConfig
 from parakeet_stream.model.greedy import GreedyPass, unpack

@@ -1,4 +1,4 @@
-"""Token-exact parity with NeMo's own cache-aware streaming (fixtures from scripts/make_nemo_fixtures.py)."""
+"""Token-exact parity with NeMo's own cache-aware streaming (fixtures from tests/fixtures/nemo/make_nemo_fixtures.py)."""
 
 from __future__ import annotations
 

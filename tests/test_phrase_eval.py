@@ -1,4 +1,4 @@
-"""The key-phrase evaluation's pure parts (scripts/phrase_eval.py, scripts/phrase_set.py): whole-word
+"""The key-phrase evaluation's pure parts (evaluations/phrase_eval.py, evaluations/phrase_set.py): whole-word
 matching, the failure counts, the other words' errors, and a set that is deterministic and split
 by phrase. No model is run."""
 
@@ -13,10 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from demo_model import data as demo_data
+from evaluations import phrase_eval as pe
+from evaluations import phrase_set as ps
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import phrase_eval as pe  # noqa: E402
-import phrase_set as ps  # noqa: E402
 
 FORTUNES = Path("/usr/share/games/fortunes")
 
@@ -135,8 +136,6 @@ def test_every_sentence_lists_its_phrases_and_never_spoken_others_of_its_half():
 
 
 def test_voices_are_mostly_unseen_in_training_with_mixed_speeds_and_pitches():
-    import demo_data
-
     trained = {(a, v) for a in demo_data.TRAIN_ACCENTS for v in demo_data.TRAIN_VARIANTS}
     assert not set(ps.UNSEEN) & trained and set(ps.SEEN) <= trained
     sentences = ps.build()
@@ -147,16 +146,14 @@ def test_voices_are_mostly_unseen_in_training_with_mixed_speeds_and_pitches():
 
 
 def test_the_set_is_the_same_in_every_process():
-    code = "import json, phrase_set; print(json.dumps(phrase_set.build()))"
-    runs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT / "scripts", capture_output=True, text=True,
+    code = "import json; from evaluations import phrase_set; print(json.dumps(phrase_set.build()))"
+    runs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                            check=True, env={"PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
     assert runs[0] == runs[1] and json.loads(runs[0]) == json.loads(json.dumps(ps.build()))
 
 
 @pytest.mark.skipif(not FORTUNES.is_dir(), reason="fortunes is not installed (scripts/test.sh installs it)")
 def test_phrase_words_are_outside_the_demo_vocabulary_and_carrier_words_inside():
-    import demo_data
-
     words = collections.Counter(w for s in demo_data.read_fortunes() for w in demo_data.normalize(s) or [])
     vocab = {w for w, _ in words.most_common(10_000)} | demo_data.NUMBER_WORDS  # the demo corpus's --vocab-size
     listed = {w for s in ps.build() for p in s["listed"] for w in ps.words_of(p).split()}

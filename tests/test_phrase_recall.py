@@ -1,5 +1,5 @@
 """Key phrases through the engine with the bundled demo model, on espeak-ng speech made at test time
-(sentences of the set scripts/phrase_eval.py measured before it was split into halves): boosting recovers names the model misses, inserts none
+(sentences of the set evaluations/phrase_eval.py measured before it was split into halves): boosting recovers names the model misses, inserts none
 where they are not said, and a step mixing streams with and without phrases gives each stream its
 tokens, through the static batches (the CUDA graphs' stand-in) as eagerly."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +14,9 @@ import pytest
 from helpers import collect_until_final, tokens_of
 from test_demo_model import DEMO, synth
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from phrase_eval import contains  # noqa: E402
-
-from parakeet_stream.engine import ASREngine  # noqa: E402
-from parakeet_stream.engine.phrases import Phrase, check_phrases  # noqa: E402
+from evaluations.phrase_eval import contains
+from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine.phrases import Phrase, check_phrases
 
 pytestmark = pytest.mark.skipif(not (DEMO / "model.safetensors").is_file() or shutil.which("espeak-ng") is None,
                                 reason="needs weights/demo and espeak-ng (see test_demo_model.py)")
@@ -135,8 +132,8 @@ def test_a_stream_with_phrases_ends_its_utterances_when_the_model_says_so(audios
 def test_a_partial_match_does_not_swallow_the_words_the_audio_says():
     """A control of the evaluation set that once lost its last word: every hypothesis followed a
     listed phrase's first letters ("red b-lo..." for Blockchain) and none wrote "ball"."""
-    from phrase_eval import audio_of, text_of
-    from phrase_set import build
+    from evaluations.phrase_eval import audio_of, text_of
+    from evaluations.phrase_set import build
 
     sentence = next(s for s in build() if s["text"] == "the little boy lost his red ball")
     assert "blockchain" in sentence["listed"]

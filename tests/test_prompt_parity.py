@@ -1,7 +1,7 @@
 """The multilingual family (language-ID prompts, nemotron-3.5-asr): token-exact parity with NeMo's
 cache-aware streaming for every lookahead mode and every prompt, streams of different languages in
 one batch, and the language tags the model writes (fixtures from
-`scripts/make_nemo_fixtures.py --family prompt_tiny`)."""
+`tests/fixtures/nemo/make_nemo_fixtures.py --family prompt_tiny`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`train_demo.py --init`: an exported model folder loads back into the trainer exactly."""
+"""`demo_model.train --init`: an exported model folder loads back into the trainer exactly."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -19,7 +19,7 @@ AudioWorklet and streams binary PCM16 frames over the native WebSocket protocol.
   prints for the audio the page sent and for the wav itself, non-empty, finalized on stop;
   the notice that the demo model understands synthetic speech only, and how to get the real one;
   screenshot to results/web_page.png (tests never modify tracked files: the README's
-  docs/web_page.png is made by scripts/readme_screenshot.py).
+  docs/web_page.png is made by `python -m scripts.readme_screenshot`).
 
 Only a missing chromium skips the browser tests (set PARAKEET_CHROMIUM to use another path).
 """
@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -38,14 +37,13 @@ import pytest
 import soundfile as sf
 from helpers import ServerProcess
 
+from demo_model.speech import PAGE_SENTENCE as SENTENCE
+from demo_model.speech import page_speech_wav as speech_wav
 from parakeet_stream.server.operations.http import static_file
 
 ROOT = Path(__file__).resolve().parent.parent
 WEB = ROOT / "parakeet_stream" / "web"
 DEMO = ROOT / "weights" / "demo"
-SENTENCE = "at the end of the day he went home"
-WAV_RATE = 48000
-LEAD_SECONDS, TAIL_SECONDS = 0.5, 1.0
 TIMEOUT_MS = 30_000
 CHROMIUM_FLAGS = [
     "--headless",
@@ -170,20 +168,6 @@ def test_static_file_stays_in_root(tmp_path):
 
 
 # ---------------------------------------------------------------- the page in chromium
-
-
-def speech_wav(path: Path) -> Path:
-    """The sentence by espeak-ng, peak -6 dBFS, with silence around it, as 48 kHz PCM16."""
-    import soxr
-
-    raw = path.with_suffix(".espeak.wav")
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(raw), SENTENCE], check=True)
-    voice, rate = sf.read(raw, dtype="float32")
-    voice = soxr.resample(voice, rate, WAV_RATE).astype(np.float32)
-    voice *= 0.5 / max(1e-6, float(np.abs(voice).max()))
-    silence = lambda seconds: np.zeros(int(seconds * WAV_RATE), np.float32)
-    sf.write(path, np.concatenate([silence(LEAD_SECONDS), voice, silence(TAIL_SECONDS)]), WAV_RATE, subtype="PCM_16")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +347,7 @@ def speech_onset(pcm: np.ndarray, rate: int) -> float:
 @needs_chromium
 @pytest.mark.skipif(not (DEMO / "config.json").is_file(),
                     reason="weights/demo/config.json is absent: the demo model is not trained/exported yet "
-                           "(python scripts/train_demo.py)")
+                           "(python -m demo_model.train)")
 def test_live_captions_match_transcribe(wav, browser, capsys, tmp_path):
     duration = sf.info(wav).duration
     frames: list[str | bytes] = []  # what the page sent, as the server received it

@@ -7,7 +7,7 @@ the same load (loadgen.py, same seed). Then the N at each server's capacity edge
 first fail) are repeated, again A then B. Per trial: the loadgen summary, the server's CPU
 seconds and its RSS (idle before, peak sampled every 0.25 s during, after).
 
-    .venv/bin/python benchmarks/vs_parakeet_streaming/bench.py --out results/vs_parakeet_streaming/default.json
+    .venv/bin/python -m benchmarks.vs_parakeet_streaming.bench --out results/vs_parakeet_streaming/default.json
 
 Everything it reads and writes is under the work folder that setup.sh filled: $BENCH_DIR, by
 default results/vs_parakeet_streaming/ of this repository (git-ignored).
@@ -118,11 +118,11 @@ def run_load(server: Server, n: int, wav: str, seed: int, label: str):
     th = threading.Thread(target=sample, daemon=True)
     th.start()
     t0 = time.monotonic()
-    cmd = [sys.executable, str(HERE / "loadgen.py"), "--port", str(server.port), "--wav", wav,
+    cmd = [sys.executable, "-m", "benchmarks.vs_parakeet_streaming.loadgen", "--port", str(server.port), "--wav", wav,
            "--clients", str(n), "--seed", str(seed), "--label", label,
            "--out", str(WORK / "results" / "streams" / f"{label}.json")] + (["--metrics", server.metrics] if server.metrics else [])
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=200, cwd=HERE.parents[1])
         summ = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else \
             {"clients": n, "ok": False, "errors": [f"loadgen rc={out.returncode}: {out.stderr[-500:]}"]}
     except subprocess.TimeoutExpired:

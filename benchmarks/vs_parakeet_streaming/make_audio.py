@@ -1,6 +1,6 @@
 """espeak-ng speech at 16 kHz mono PCM16: one sentence, and sentences concatenated to ~20 s.
 
-    .venv/bin/python benchmarks/vs_parakeet_streaming/make_audio.py results/vs_parakeet_streaming/audio
+    .venv/bin/python -m benchmarks.vs_parakeet_streaming.make_audio results/vs_parakeet_streaming/audio
 """
 
 import subprocess

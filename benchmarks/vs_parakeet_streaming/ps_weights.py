@@ -7,7 +7,7 @@ librosa). Then checks that parakeet-streaming's own remap_weights() + strict loa
 accept the result and that every one of its tensors equals ours bit for bit. Run it with
 parakeet-streaming's Python (setup.sh does):
 
-    $BENCH_DIR/ps-venv/bin/python ps_weights.py $BENCH_DIR/random-small $BENCH_DIR/ps-small
+    $BENCH_DIR/ps-venv/bin/python -m benchmarks.vs_parakeet_streaming.ps_weights $BENCH_DIR/random-small $BENCH_DIR/ps-small
 """
 
 import shutil

@@ -24,8 +24,8 @@ if [[ ! -x $work/ps-venv/bin/parakeet-server ]]; then
   "$work/ps-venv/bin/pip" install -q --no-deps -e "$work/ps-src"
 fi
 ln -sfn "$project/.venv" "$work/ours-venv"
-[[ -f $work/random-small/model.safetensors ]] || "$project/.venv/bin/python" "$project/scripts/random_model.py" small "$work/random-small"
-[[ -f $work/ps-small/model.safetensors ]] || (cd "$here" && "$work/ps-venv/bin/python" ps_weights.py "$work/random-small" "$work/ps-small")
-[[ -f $work/audio/speech20.wav ]] || "$project/.venv/bin/python" "$here/make_audio.py" "$work/audio"
-echo "ready: BENCH_DIR=$work .venv/bin/python benchmarks/vs_parakeet_streaming/bench.py --out $work/default.json"
-echo "       python3 benchmarks/vs_parakeet_streaming/table.py $work/default.json"
+[[ -f $work/random-small/model.safetensors ]] || (cd "$project" && .venv/bin/python -m demo_model.random_model small "$work/random-small")
+[[ -f $work/ps-small/model.safetensors ]] || (cd "$project" && "$work/ps-venv/bin/python" -m benchmarks.vs_parakeet_streaming.ps_weights "$work/random-small" "$work/ps-small")
+[[ -f $work/audio/speech20.wav ]] || (cd "$project" && .venv/bin/python -m benchmarks.vs_parakeet_streaming.make_audio "$work/audio")
+echo "ready: BENCH_DIR=$work .venv/bin/python -m benchmarks.vs_parakeet_streaming.bench --out $work/default.json"
+echo "       python3 -m benchmarks.vs_parakeet_streaming.table $work/default.json"

@@ -1,6 +1,6 @@
 """Markdown tables from bench.py outputs ("ps": parakeet-streaming).
 
-    python3 benchmarks/vs_parakeet_streaming/table.py results/vs_parakeet_streaming/default.json ...
+    python3 -m benchmarks.vs_parakeet_streaming.table results/vs_parakeet_streaming/default.json ...
 """
 
 import json

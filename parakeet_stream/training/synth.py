@@ -1,4 +1,4 @@
-"""Offline English speech synthesizers used to build the demo corpus (scripts/demo_data.py).
+"""Offline English speech synthesizers used to build the demo corpus (demo_model/data.py).
 
 A voice is ``(synth, voice, variant)``:
 
@@ -17,7 +17,7 @@ A voice is ``(synth, voice, variant)``:
   same two speakers and add nothing the telephone augmentation does not.
 
 Every function returns ``(float32 samples in [-1, 1], sample rate)``; the caller
-resamples.  Nothing here is random: the plan (scripts/demo_data.py) draws the values.
+resamples.  Nothing here is random: the plan (demo_model/data.py) draws the values.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ benchmarks/vs_parakeet_streaming (real-time clients, 80 ms packets), and reads f
 time of the engine's process and of the workers over the run. Per message (audio packets in plus
 results out): the engine process's CPU microseconds, the workers', and the clients' p95 lag.
 
-    python scripts/bench_workers.py --clients 128 --workers 0 1 2
+    python -m benchmarks.workers --clients 128 --workers 0 1 2
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-ROOT = Path(__file__).resolve().parent.parent
-LOADGEN = ROOT / "benchmarks" / "vs_parakeet_streaming" / "loadgen.py"
+from benchmarks.common import LOAD_CLIENT, RESULTS, ROOT
+
 FIXTURE = ROOT / "tests" / "fixtures" / "nemo" / "eou_tiny.nemo"
 SENTENCE = ROOT / "tests" / "fixtures" / "audio" / "sentence.wav"
 PACKET_S = 0.08  # the load client's packet
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=128)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--seconds", type=float, default=10.0, help="audio per client (the fixture sentence, repeated)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_workers.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "bench_workers.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
         model, wav = prepare(Path(work), args.seconds)
@@ -64,10 +64,10 @@ def run(model: Path, wav: Path, workers: int, clients: int) -> dict:
         ports = ready_ports(server)
         engine_pid, worker_pids = server.pid, children(server.pid)
         before = cpu(engine_pid), sum(cpu(p) for p in worker_pids)
-        load = subprocess.run([sys.executable, str(LOADGEN), "--port", str(ports["tcp"]), "--wav", str(wav),
+        load = subprocess.run([sys.executable, *LOAD_CLIENT, "--port", str(ports["tcp"]), "--wav", str(wav),
                                "--clients", str(clients), "--procs", "2",
                                "--metrics", f"http://127.0.0.1:{ports['http']}/metrics"],
-                              capture_output=True, text=True, check=True)
+                              capture_output=True, text=True, check=True, cwd=ROOT)
         after = cpu(engine_pid), sum(cpu(p) for p in worker_pids)
     finally:
         server.terminate()

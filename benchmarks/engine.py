@@ -8,7 +8,7 @@ engine in float32 with max_batch=1 (the same model, one stream per forward pass)
 in one process, one after the other at each concurrency level; capacities are printed as
 ratios to the baseline's.
 
-    python scripts/bench_engine.py --model weights/random-small --streams 1 2 4 8 16 32 --modes float32 bfloat16 int8
+    python -m benchmarks.engine --model weights/random-small --streams 1 2 4 8 16 32 --modes float32 bfloat16 int8
 """
 
 from __future__ import annotations
@@ -22,28 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from parakeet_stream.audio import read_audio
+from benchmarks.common import RESULTS, percentile, speech
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine.latency import DEFAULT_TARGET
 from parakeet_stream.host import single_threaded_host
 from parakeet_stream.model.loading import load_model
 from parakeet_stream.model.parakeet import ParakeetModel
 from parakeet_stream.model.precision import set_precision
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def speech(seconds: float, seed: int) -> np.ndarray:
-    """Real speech (the test fixtures), looped and offset per stream."""
-    clips = [read_audio(p) for p in sorted((ROOT / "tests/fixtures/audio").glob("*.wav"))]
-    rng = np.random.default_rng(seed)
-    out, n = [], int(seconds * 16000)
-    while sum(len(c) for c in out) < n:
-        out.append(clips[rng.integers(len(clips))])
-    audio = np.concatenate(out)
-    start = int(rng.integers(0, 16000))
-    return np.roll(audio, -start)[:n]
-
 
 def run_level(engine: ASREngine, n: int, seconds: float, lookahead, packet_ms: tuple[int, int] = (20, 160)) -> dict:
     audios = [speech(seconds, seed) for seed in range(n)]
@@ -87,18 +72,18 @@ def run_level(engine: ASREngine, n: int, seconds: float, lookahead, packet_ms: t
             engine.finalize(sids[i])
             finalized[sids[i]] = time.monotonic()
     done.wait(300)
-    lat = np.array([l for _, l in latencies]) * 1000
+    lat = [l * 1000 for _, l in latencies]
     third = max(1, len(lat) // 3)
-    to_final = [finals[s] - finalized[s] for s in sids if s in finals]
+    to_final = [(finals[s] - finalized[s]) * 1000 for s in sids if s in finals]
     return {
         "streams": n,
-        "chunks": int(lat.size),
-        "p50_ms": float(np.percentile(lat, 50)),
-        "p95_ms": float(np.percentile(lat, 95)),
-        "p99_ms": float(np.percentile(lat, 99)),
-        "p95_first_third_ms": float(np.percentile(lat[:third], 95)),
-        "p95_last_third_ms": float(np.percentile(lat[-third:], 95)),
-        "time_to_final_p95_ms": float(np.percentile(to_final, 95) * 1000) if to_final else None,
+        "chunks": len(lat),
+        "p50_ms": percentile(lat, 50),
+        "p95_ms": percentile(lat, 95),
+        "p99_ms": percentile(lat, 99),
+        "p95_first_third_ms": percentile(lat[:third], 95),
+        "p95_last_third_ms": percentile(lat[-third:], 95),
+        "time_to_final_p95_ms": percentile(to_final, 95),
     }
 
 
@@ -109,7 +94,7 @@ def keeps_up(level: dict, target_ms: float, chunk_ms: float) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="weights/random-small", help="model folder (see scripts/random_model.py)")
+    ap.add_argument("--model", default="weights/random-small", help="model folder (see demo_model/random_model.py)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--seconds", type=float, default=20.0, help="audio per stream")
@@ -118,7 +103,7 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16", "int8"],
                     help="precision modes of the batched engine (int8: float32 with --quantize int8)")
     ap.add_argument("--lookahead", default=None, help="L,R")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_engine")
+    ap.add_argument("--out", type=Path, default=RESULTS / "bench_engine")
     args = ap.parse_args()
     single_threaded_host()
     lookahead = tuple(int(v) for v in args.lookahead.split(",")) if args.lookahead else None

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """WER of a model folder on a demo corpus's test sets, in total and per synthesizer.
 
-    python scripts/demo_eval.py --model weights/demo --data data/demo_multi
+    python -m evaluations.demo_eval --model weights/demo --data data/demo_multi
 
 The trainer's evaluation (greedy whole-utterance decoding, identical to streaming) on every
 utterance of test_sentences and test_voices, split by the synthesizer that spoke it, so two
@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 import numpy as np
 import torch
@@ -46,7 +45,7 @@ def split_wer(model: ParakeetModel, tok: Tokenizer, data: Path, split: str) -> d
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(ROOT / "weights" / "demo"), help="exported model folder")
-    ap.add_argument("--data", default=str(ROOT / "data" / "demo"), help="corpus folder (scripts/demo_data.py)")
+    ap.add_argument("--data", default=str(ROOT / "data" / "demo"), help="corpus folder (python -m demo_model.data)")
     args = ap.parse_args(argv)
     model_dir, data = Path(args.model), Path(args.data)
     for need in (model_dir / "config.json", data / "test_sentences.jsonl"):

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """End-of-turn latency and false ends on Deepgram Flux's `/v2/listen`, on the bundled demo model.
 
-    python scripts/bench_turns.py                   # results/bench_turns.json and a table
-    python scripts/bench_turns.py --eager 0.5 --concurrency 4
-    python scripts/bench_turns.py --model small     # NVIDIA's parakeet_realtime_eou_120m (downloads it)
+    python -m benchmarks.turns                   # results/bench_turns.json and a table
+    python -m benchmarks.turns --eager 0.5 --concurrency 4
+    python -m benchmarks.turns --model small     # NVIDIA's parakeet_realtime_eou_120m (downloads it)
 
 The recordings (deterministic): the 40 held-out sentences of tests/fixtures/demo_sentences.json,
 spoken by espeak-ng, three turns per recording with 1.5 s of silence after each (where an agent
@@ -30,10 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from test_demo_model import FIXTURE, synth  # noqa: E402
+from benchmarks.common import RESULTS, ROOT, percentiles
+from demo_model.speech import FIXTURE, synth
 
 RATE = 16000
 PACKET = 1280  # 80 ms, what Deepgram recommends for Flux
@@ -139,10 +136,6 @@ def start_server(model: str) -> tuple[subprocess.Popen, int]:
     raise SystemExit("the server did not start")
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)) * 1000) if values else None
-
-
 async def run(args) -> dict:
     records = recordings()
     server, port = start_server(args.model)
@@ -162,8 +155,8 @@ async def run(args) -> dict:
     turns = sum(len(f["end"]) for f in found)
     return {
         "model": args.model, "recordings": len(records), "turns": turns, "concurrency": args.concurrency, "eager_eot_threshold": args.eager,
-        "end_of_turn_ms": {"p50": percentile(ends, 50), "p95": percentile(ends, 95), "ended": len(ends)},
-        "eager_ms": {"p50": percentile(eagers, 50), "p95": percentile(eagers, 95), "sent": len(eagers)},
+        "end_of_turn_ms": percentiles(ends, (50, 95), 1000, 0) | {"ended": len(ends)},
+        "eager_ms": percentiles(eagers, (50, 95), 1000, 0) | {"sent": len(eagers)},
         "false_ends": sum(f["false_ends"] for f in found), "mid_sentence_pauses": sum(f["pauses"] for f in found),
         "triggers": {t: sum(f["triggers"].count(t) for f in found) for t in ("model", "timeout", "manual")},
     }
@@ -174,7 +167,7 @@ def main() -> None:
     parser.add_argument("--eager", type=float, default=0.5, help="eager_eot_threshold (0: no eager ends)")
     parser.add_argument("--concurrency", type=int, default=4, help="recordings streamed at once")
     parser.add_argument("--model", default="demo", help="what parakeet-serve --model takes (small needs its weights)")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_turns.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "bench_turns.json")
     args = parser.parse_args()
     args.eager = args.eager or None
     report = asyncio.run(run(args))

@@ -11,10 +11,10 @@ H200 (docs/performance.md), shared 10/70/20 among pre-encode, encode and decode,
 time. The decode stand-in emits one token per chunk, so results carry text. Streams push 20-160 ms
 packets in real time from one driver thread (as a server's protocol thread would).
 
-    python scripts/bench_host.py --streams 256 512 1024 2048          # results/bench_host.json
-    python scripts/bench_host.py --streams 1024 --lockstep 30 --device-ms 0,0   # host time per stage
-    python scripts/bench_host.py --streams 512 1024 --service   # the streams from another process
-    python scripts/bench_host.py --streams 1024 --service --packet-ms 20,20   # 20 ms packets
+    python -m benchmarks.host --streams 256 512 1024 2048          # results/bench_host.json
+    python -m benchmarks.host --streams 1024 --lockstep 30 --device-ms 0,0   # host time per stage
+    python -m benchmarks.host --streams 512 1024 --service   # the streams from another process
+    python -m benchmarks.host --streams 1024 --service --packet-ms 20,20   # 20 ms packets
 
 With `--service` the streams come as a server's worker processes send them: from a child process
 through the engine client API (`EngineClient`) to the engine service in this one, so the CPU per
@@ -46,19 +46,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_engine import keeps_up, run_level  # noqa: E402
-from parakeet_stream.engine import ASREngine  # noqa: E402
-from parakeet_stream.engine.calibration import calibrate  # noqa: E402
-from parakeet_stream.engine.ipc.client import EngineClient  # noqa: E402
-from parakeet_stream.engine.runner.model_runner import ModelRunner  # noqa: E402
-from parakeet_stream.engine.options import whole_number  # noqa: E402
-from parakeet_stream.engine.ipc.service import EngineService  # noqa: E402
-from parakeet_stream.host import single_threaded_host  # noqa: E402
-from parakeet_stream.server.operations.memory import freeze_startup_objects  # noqa: E402
-from parakeet_stream.tools.convert import convert  # noqa: E402
+from benchmarks.common import RESULTS, ROOT
+from benchmarks.engine import keeps_up, run_level
+from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine.calibration import calibrate
+from parakeet_stream.engine.ipc.client import EngineClient
+from parakeet_stream.engine.runner.model_runner import ModelRunner
+from parakeet_stream.engine.options import whole_number
+from parakeet_stream.engine.ipc.service import EngineService
+from parakeet_stream.host import single_threaded_host
+from parakeet_stream.server.operations.memory import freeze_startup_objects
+from parakeet_stream.tools.convert import convert
 
 SHARE = {"pre-encode": 0.1, "encode": 0.7, "decode": 0.2}
 WARM_UP_ROUNDS = 300  # lockstep: rounds to wait for every stream to be admitted
@@ -161,12 +159,12 @@ def through_service(engine: ASREngine, n: int, seconds: float, packet_ms: tuple[
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "engine.sock")
         service = EngineService(engine, path).start()
-        child = subprocess.Popen([sys.executable, __file__, "--drive", path, "--streams", str(n),
-                                  "--seconds", str(seconds), "--packet-ms", ",".join(map(str, packet_ms))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen([sys.executable, "-m", "benchmarks.host", "--drive", path, "--streams", str(n),
+                                  "--seconds", str(seconds), "--packet-ms", ",".join(map(str, packet_ms))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         try:
             lines = iter(child.stdout)
             if next(lines, "").strip() != "warm":
-                raise SystemExit("bench_host: the driving process failed")
+                raise SystemExit("benchmarks.host: the driving process failed")
             yield None
             yield json.loads(next(lines))
         finally:
@@ -212,7 +210,7 @@ def lockstep(folder: Path, n: int, rounds: int, device: StandIn) -> dict:
             if round_(0.5) >= n and engine.stats()["active"] == n:
                 break
         else:
-            raise SystemExit(f"bench_host: {n} streams were not all admitted and answered after {WARM_UP_ROUNDS} rounds")
+            raise SystemExit(f"benchmarks.host: {n} streams were not all admitted and answered after {WARM_UP_ROUNDS} rounds")
         round_(60.0)  # the backlogs of the last admitted
         totals0, cpu0, threads0 = engine.step_totals(), time.process_time(), thread_cpu()
         chunks = sum(round_(60.0) for _ in range(rounds))
@@ -274,7 +272,7 @@ def main() -> None:
     ap.add_argument("--packet-ms", type=packet_ms, default="20,160",
                     help="real-time levels: each stream's packets, LO,HI ms (one size per stream, drawn between them)")
     ap.add_argument("--drive", metavar="SOCKET", help=argparse.SUPPRESS)  # --service's child
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_host.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "bench_host.json")
     args = ap.parse_args()
     single_threaded_host()
     if args.drive:
@@ -294,14 +292,14 @@ def main() -> None:
     if args.lockstep:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"device_ms": [fixed, per_row], "lockstep": runs}, indent=2))
-        print(f"bench_host: wrote {args.out}")
+        print(f"benchmarks.host: wrote {args.out}")
         return
     held = [r["streams"] for r in runs if r["holds"]]
     summary = {"device_ms": [fixed, per_row], "target_ms": args.target_ms, "capacity": max(held, default=0), "service": args.service,
                "packet_ms": list(args.packet_ms), "levels": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2))
-    print(f"bench_host: {summary['capacity']} streams hold p95 <= {args.target_ms:.0f} ms "
+    print(f"benchmarks.host: {summary['capacity']} streams hold p95 <= {args.target_ms:.0f} ms "
           f"(device {fixed} ms + {per_row} ms per chunk a step); wrote {args.out}")
 
 

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """What the multilingual model's language prompt costs beside its encoder: one streaming step of
 the encoder layers against the prompt projection (model/prompt.py), random full-size weights from
 the real checkpoint's configuration, 16 streams of mixed languages, on this machine's CPU.
 
-    python scripts/bench_prompt.py [--batch 16] [--threads 2]
+    python -m benchmarks.kernels.prompt [--batch 16] [--threads 2]
 """
 
 from __future__ import annotations
@@ -12,8 +11,8 @@ import argparse
 import time
 
 import torch
-from random_model import preset_config
 
+from demo_model.random_model import preset_config
 from parakeet_stream.model.conformer import EncoderCache
 from parakeet_stream.model.parakeet import ParakeetModel
 

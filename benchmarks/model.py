@@ -1,6 +1,6 @@
 """Model-level speed: RTFx of streaming transcription (files batched) and encoder stream-step time.
 
-    python scripts/bench_model.py --model weights/random-small --seconds 60 [--dtype float16 | --quantize int8]
+    python -m benchmarks.model --model weights/random-small --seconds 60 [--dtype float16 | --quantize int8]
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from bench_engine import speech
+from benchmarks.common import RESULTS, percentile, speech
 from parakeet_stream.model.conformer import EncoderCache
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine.options import add_engine_arguments
@@ -22,9 +21,6 @@ from parakeet_stream.model.loading import load_model
 from parakeet_stream.model.parakeet import ParakeetModel
 from parakeet_stream.model.precision import set_precision
 from parakeet_stream.tools.transcribe import transcribe_streaming
-
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def rtfx(model: ParakeetModel, batch: int, seconds: float) -> float:
     audios = {f"file{i}": speech(seconds, i) for i in range(batch)}
@@ -55,14 +51,14 @@ def step_ms(model: ParakeetModel, batch: int, repeats: int = 20) -> dict:
         if i >= 3:
             times["pre_encode"].append(t1 - t0)
             times["layers"].append(t2 - t1)
-    return {k: float(np.median(v) * 1000) for k, v in times.items()}
+    return {k: percentile(v, 50) * 1000 for k, v in times.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="weights/random-small")
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_model.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "bench_model.json")
     add_engine_arguments(ap)
     args = ap.parse_args()
     single_threaded_host()  # the step is timed here in the main thread, as one OpenMP team

@@ -1,30 +1,25 @@
 """Per-step greedy decode time: label looping (model/greedy.py) against the frame-looping decoder
-it replaced (tests/frame_looping.py), at several batch sizes, on one chunk per stream.
+it replaced (benchmarks/kernels/frame_looping.py), at several batch sizes, on one chunk per stream.
 
 Encoder outputs are the model's own on looped speech, cut into the chunks a stream step decodes
 (out_frames of the lookahead mode), so the token rate is the model's.
 
-    python scripts/bench_decode.py --model weights/random-small --batches 1 8 32 128
+    python -m benchmarks.kernels.decode --model weights/random-small --batches 1 8 32 128
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from bench_engine import speech  # noqa: E402
-from frame_looping import frame_looping  # noqa: E402
-from parakeet_stream.host import single_threaded_host  # noqa: E402
-from parakeet_stream.model.loading import load_model  # noqa: E402
+from benchmarks.common import percentile, speech
+from benchmarks.kernels.frame_looping import frame_looping
+from parakeet_stream.host import single_threaded_host
+from parakeet_stream.model.loading import load_model
 
 
 @torch.inference_mode()
@@ -45,7 +40,7 @@ def per_step_ms(fn, repeats: int) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return float(np.median(times) * 1000)
+    return percentile(times, 50) * 1000
 
 
 def main() -> None:

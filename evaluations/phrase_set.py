@@ -1,4 +1,4 @@
-"""The key-phrase evaluation set of scripts/phrase_eval.py: deterministic, built from the lists below.
+"""The key-phrase evaluation set of evaluations/phrase_eval.py: deterministic, built from the lists below.
 
 - 65 phrases in 5 kinds, none of whose words the `demo` model's training text has (checked by
   tests/test_phrase_eval.py against the corpus's 10,000-word vocabulary), each spoken in 3 carrier
@@ -6,7 +6,7 @@
 - 44 control sentences that hold no phrase, many of them sharing sounds with one ("my heart again"
   and "hartigan"), and 16 phrases that are listed but never spoken anywhere;
 - every sentence read by an espeak-ng voice, mostly accents and variants the demo model never
-  heard in training (scripts/demo_data.py holds the training ones), at mixed speeds and pitches.
+  heard in training (demo_model/data.py holds the training ones), at mixed speeds and pitches.
 
 The set is split BY PHRASE: in each kind every other phrase (in the order listed) is held out, and
 so are its carriers (each kind has 6 carriers per half) and the controls that sound like it. A

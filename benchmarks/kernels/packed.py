@@ -2,7 +2,7 @@
 CPU with native bfloat16) against plain bfloat16 Linear layers, alternating in one process, and
 whether the two give the same bits.
 
-    python scripts/bench_packed.py --model weights/random-small --threads 2 --rounds 2
+    python -m benchmarks.kernels.packed --model weights/random-small --threads 2 --rounds 2
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from bench_model import step_ms
+from benchmarks.model import step_ms
 from parakeet_stream.host import single_threaded_host, usable_cores
 from parakeet_stream.model.loading import load_model
 from parakeet_stream.model.packed import can_pack

@@ -3,10 +3,10 @@
 
 One command, idempotent and resumable::
 
-    python scripts/demo_data.py                 # -> data/demo/ (espeak-ng only, as always)
-    python scripts/demo_data.py --jobs 1        # gentler on a shared machine
-    python scripts/demo_data.py --out data/demo_multi --synths espeak,flite,festival
-    python scripts/demo_data.py --out data/demo_multi --vocab-size 10000 --test-text data/demo/text
+    python -m demo_model.data                 # -> data/demo/ (espeak-ng only, as always)
+    python -m demo_model.data --jobs 1        # gentler on a shared machine
+    python -m demo_model.data --out data/demo_multi --synths espeak,flite,festival
+    python -m demo_model.data --out data/demo_multi --vocab-size 10000 --test-text data/demo/text
                                                 # same test sentences as data/demo (comparable WER)
 
 Synthesizers (``--synths``; the default ``espeak`` is the original espeak-only
@@ -92,8 +92,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from parakeet_stream.training import synth as synths
 

@@ -2,8 +2,8 @@
 
     pip install py-spy
     py-spy record -r 100 --format raw -o results/spy.txt -- parakeet-serve --model weights/random-small
-    (load it, e.g. with benchmarks/vs_parakeet_streaming/loadgen.py; stop it with Ctrl-C)
-    python scripts/profile_stages.py results/spy.txt
+    (load it, e.g. with python -m benchmarks.vs_parakeet_streaming.loadgen; stop it with Ctrl-C)
+    python -m benchmarks.profile_stages results/spy.txt
 
 Prints each stage's share of all samples (every thread, idle waits included), the calls under it
 that took most, and the functions where its samples landed (leaves).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Real-speech check: WER of a model on Debian's five LibriVox recordings.
 
-    python scripts/real_speech_wer.py --model weights/demo
+    python -m evaluations.real_speech_wer --model weights/demo
 
 The recordings (16 kHz read speech with transcripts) come with ``pocketsphinx-testdata``
 (``apt-get install -y pocketsphinx-testdata``) under
@@ -9,7 +9,7 @@ The recordings (16 kHz read speech with transcripts) come with ``pocketsphinx-te
 never tuned on: nothing trains on them.  Each file goes through the repository's
 cache-aware streaming engine (as ``parakeet-transcribe`` does) and, for comparison, the
 whole-utterance offline forward; references and hypotheses are normalised to lowercase
-words the way ``scripts/demo_data.py`` normalises the training text, and scored with the
+words the way ``demo_model/data.py`` normalises the training text, and scored with the
 trainer's WER (``parakeet_stream.training.data.wer``).  Prints JSON: per file and total.
 """
 
@@ -22,12 +22,9 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
-sys.path.insert(0, str(ROOT))
-
 import torch
-from demo_data import normalize
+
+from demo_model.data import normalize
 
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine.options import add_engine_arguments, engine_options
@@ -60,7 +57,7 @@ def read_references(data: Path) -> dict[str, str]:
 
 
 def words(text: str) -> str:
-    """demo_data.py's normalisation; plain lowercase words where it refuses a sentence."""
+    """demo_model/data.py's normalisation; plain lowercase words where it refuses a sentence."""
     ws = normalize(text)
     return " ".join(ws) if ws else " ".join(re.sub(r"[^a-z' ]", " ", text.lower()).split())
 

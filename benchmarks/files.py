@@ -5,14 +5,14 @@ Five phases, each on a fresh engine over the same model (warmed up by a short fi
 F files alone; one file with the N live streams; F files with them. Files go through the path
 uploads and parakeet-transcribe take (server/protocols/files: `transcribe_files`, bulk engine streams, the
 model's longest lookahead); RTFx = seconds of file audio / wall seconds until every file's final
-result. Live streams push speech paced at real time in 20-160 ms packets (as scripts/bench_engine.py);
+result. Live streams push speech paced at real time in 20-160 ms packets (as benchmarks/engine.py);
 chunk latency = the engine's, from the arrival of the last sample a chunk needs to its result.
 Beside files, the live streams start WARMUP_S before them and stop when the files are done; only
 the latencies of chunks that came while files were being transcribed count. With --repeat R the
 five phases run R times in turn (on a shared machine the load drifts: interleaving spreads it over
 every phase) and the summary takes each figure's median.
 
-    python scripts/bench_files.py --model demo --files 8 --file-seconds 30 --live 4 --live-seconds 20 --repeat 3
+    python -m benchmarks.files --model demo --files 8 --file-seconds 30 --live 4 --live-seconds 20 --repeat 3
 
 Writes results/bench_files.json (--out: every run of every phase, the medians, their ratios) and
 prints one line per phase run.
@@ -23,16 +23,14 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import os
-import platform
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import trio
-from bench_engine import speech
 
+from benchmarks.common import RESULTS, machine, percentile, speech
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine.options import thread_count
 from parakeet_stream.host import single_threaded_host
@@ -41,7 +39,6 @@ from parakeet_stream.model.parakeet import ParakeetModel
 from parakeet_stream.model.precision import set_precision
 from parakeet_stream.server.protocols.files.batch import ArraySource, transcribe_files
 
-ROOT = Path(__file__).resolve().parent.parent
 WARMUP_S = 1.0
 RATE = 16000
 PHASES = ("live_alone", "one_file_alone", "files_alone", "one_file_with_live", "files_with_live")
@@ -92,13 +89,9 @@ class LiveStreams:
                         finals.add(sid)
 
     def summary(self, since: float, until: float) -> dict:
-        lat = np.array([l for t, l in self.latencies if since <= t <= until]) * 1000
-        return {"streams": self.n, "chunks": int(lat.size), "p50_ms": _pct(lat, 50), "p95_ms": _pct(lat, 95),
-                "p99_ms": _pct(lat, 99), "max_ms": float(lat.max()) if lat.size else None}
-
-
-def _pct(values: np.ndarray, q: float) -> float | None:
-    return float(np.percentile(values, q)) if values.size else None
+        lat = [l * 1000 for t, l in self.latencies if since <= t <= until]
+        return {"streams": self.n, "chunks": len(lat), "p50_ms": percentile(lat, 50), "p95_ms": percentile(lat, 95),
+                "p99_ms": percentile(lat, 99), "max_ms": max(lat, default=None)}
 
 
 def transcribe(engine: ASREngine, audios: list[np.ndarray]) -> dict:
@@ -147,7 +140,7 @@ def main() -> None:
     ap.add_argument("--live", type=int, default=4, help="real-time streams beside the files")
     ap.add_argument("--live-seconds", type=float, default=20.0, help="length of the live-alone phase")
     ap.add_argument("--repeat", type=int, default=1, help="runs of the five phases, in turn")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_files.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "bench_files.json")
     ap.add_argument("--phases", default=",".join(PHASES), type=phase_list,
                     help=f"which phases, comma-separated, of {', '.join(PHASES)} (the ratios need all)")
     args = ap.parse_args()
@@ -168,7 +161,7 @@ def main() -> None:
             runs[name].append(run_phase(model, args, phase))
             print(f"{name:20s} {one_line(runs[name][-1])}", flush=True)
     medians = {name: median(results) for name, results in runs.items()}
-    summary = {"model": args.model, "device": args.device, "dtype": args.dtype, "threads": args.threads, "machine": machine(),
+    summary = {"model": args.model, "device": args.device, "dtype": args.dtype, "threads": args.threads, "machine": machine(args.device) | {"note": "shared machine: compare ratios within this run only"},
                "files": args.files, "file_seconds": args.file_seconds, "live_streams": args.live,
                "repeat": args.repeat, "median": medians, "runs": runs}
     if set(PHASES) <= set(medians):
@@ -204,7 +197,7 @@ def median(results: list[dict]) -> dict:
             out[key] = median([r[key] for r in results])
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             values = [r[key] for r in results if r[key] is not None]
-            out[key] = float(np.median(values)) if values else None
+            out[key] = percentile(values, 50)
     return out
 
 
@@ -230,11 +223,6 @@ def ratios(r: dict) -> dict:
         "live_p95_with_one_file_over_alone": r["one_file_with_live"]["live"]["p95_ms"] / alone,
         "live_p95_with_files_over_alone": r["files_with_live"]["live"]["p95_ms"] / alone,
     }
-
-
-def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-            "note": "shared machine: compare ratios within this run only"}
 
 
 if __name__ == "__main__":

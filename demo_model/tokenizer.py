@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train the demo model's sentencepiece BPE tokenizer.
 
-    python scripts/demo_tokenizer.py            # -> data/demo/tokenizer.model
+    python -m demo_model.tokenizer            # -> data/demo/tokenizer.model
 
 Trained on the text of the ``train`` split only (``data/demo/train.jsonl``,
 or ``data/demo/text/train.txt`` before the audio exists).  Layout, as in
@@ -41,7 +41,7 @@ def read_texts(data: Path, split: str) -> list[str]:
     txt = data / "text" / f"{split}.txt"
     if txt.exists():
         return [ln.strip() for ln in txt.open() if ln.strip()]
-    sys.exit(f"no {manifest} or {txt}: run scripts/demo_data.py first")
+    sys.exit(f"no {manifest} or {txt}: run python -m demo_model.data first")
 
 
 def _varint(n: int) -> bytes:

@@ -3,12 +3,12 @@
 tuned to: recall, phrases inserted where never said, runaway repeats, fragments, the other words'
 WER; and the decode cost of boosting.
 
-    python scripts/phrase_eval.py                          # every part: the tables, results/phrase_eval.json
-    python scripts/phrase_eval.py --split tune --param phrases.BONUS=4 --param boosting.FIRST_SHARE=0.5
-    python scripts/phrase_eval.py --cost-only              # only the decode cost, greedy vs beam, batch 1/16/64
-    python scripts/phrase_eval.py --evidence --param phrases.EVIDENCE=-1e9   # what an evidence bound could keep
+    python -m evaluations.phrase_eval                          # every part: the tables, results/phrase_eval.json
+    python -m evaluations.phrase_eval --split tune --param phrases.BONUS=4 --param boosting.FIRST_SHARE=0.5
+    python -m evaluations.phrase_eval --cost-only              # only the decode cost, greedy vs beam, batch 1/16/64
+    python -m evaluations.phrase_eval --evidence --param phrases.EVIDENCE=-1e9   # what an evidence bound could keep
 
-The set (scripts/phrase_set.py) is split BY PHRASE into a tuning half and a held-out half, and has
+The set (evaluations/phrase_set.py) is split BY PHRASE into a tuning half and a held-out half, and has
 a fresh part added after the defaults were chosen: tune knobs on `tune`, report `heldout` and
 `fresh`. Every sentence is its own stream, through the real ASREngine
 ("demo"), 16 at a time, in four passes: no phrases, then its phrase list at weight 1, 2 and 5 (a
@@ -40,27 +40,23 @@ import ast
 import hashlib
 import importlib
 import json
-import sys
 import time
 from functools import lru_cache, partial
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "scripts"))
-
 import numpy as np
 import torch
 
+from benchmarks.common import percentiles as _percentiles
+from evaluations.phrase_set import PHRASES, SPLITS, build, words_of
 from parakeet_stream.engine import ASREngine, phrases
 from parakeet_stream.engine.phrases import LIMITS, LabelPriors, Phrase, as_written, boosting_tree, check_phrases
 from parakeet_stream.model.beam import BeamPass, BeamPool
 from parakeet_stream.model.boosting import BoostPool, word_starts
 from parakeet_stream.model.greedy import GreedyPass
 from parakeet_stream.training.data import edit_distance
-from phrase_set import PHRASES, SPLITS, build, words_of
 
+ROOT = Path(__file__).resolve().parent.parent
 PASSES = {"no phrases": None, "weight 1": 1.0, "weight 2": 2.0, "weight 5": 5.0}
 PARAM_MODULES = {"phrases": "parakeet_stream.engine.phrases", "boosting": "parakeet_stream.model.boosting"}
 AUDIO_CACHE = ROOT / "results" / "phrase_eval_audio"
@@ -209,9 +205,9 @@ def set_params(pairs: list[str]) -> dict:
 
 
 def audio_of(sentence: dict) -> np.ndarray:
-    """The sentence spoken by its voice (tests/test_demo_model.py's rendering), cached on disk by
-    text, voice, variant, speed and pitch (its noise is seeded by the same key)."""
-    from test_demo_model import synth
+    """The sentence spoken by its voice (demo_model/speech.py's rendering, the tests' too), cached on
+    disk by text, voice, variant, speed and pitch (its noise is seeded by the same key)."""
+    from demo_model.speech import synth
 
     item = {"text": sentence["spoken"], **{k: sentence[k] for k in ("voice", "variant", "speed", "pitch")}}
     key = hashlib.sha1(json.dumps(item, sort_keys=True).encode()).hexdigest()[:20]
@@ -255,9 +251,7 @@ def commit_delays(results: list[list]) -> list[float]:
 
 def percentiles(values: list[float]) -> dict:
     """p50 and p90 of `values` (seconds, rounded to ms); None where there is none."""
-    if not values:
-        return {"p50": None, "p90": None}
-    return {f"p{q}": round(float(np.percentile(values, q)), 3) for q in (50, 90)}
+    return _percentiles(values, (50, 90), digits=3)
 
 
 def text_of(results: list) -> str:

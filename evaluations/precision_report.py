@@ -4,26 +4,24 @@ Sets: the NeMo fixture models (tests/fixtures/nemo, every lookahead mode, the th
 wavs) and the demo model on the 40 held-out espeak-ng sentences of tests/fixtures/demo_sentences.json
 (needs espeak-ng). Agreement = matched tokens / tokens (difflib alignment), over all streams.
 
-    python scripts/precision_report.py            # writes results/precision_report.json
+    python -m evaluations.precision_report            # writes results/precision_report.json
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from demo_model.speech import FIXTURE, synth  # the tests' own espeak-ng rendering
+from parakeet_stream.audio import read_audio
+from parakeet_stream.engine import ASREngine
+from parakeet_stream.tools.convert import convert
+from parakeet_stream.tools.transcribe import transcribe_streaming
+from parakeet_stream.training.data import edit_distance
 
-from parakeet_stream.audio import read_audio  # noqa: E402
-from parakeet_stream.tools.convert import convert  # noqa: E402
-from parakeet_stream.engine import ASREngine  # noqa: E402
-from parakeet_stream.training.data import edit_distance  # noqa: E402
-from parakeet_stream.tools.transcribe import transcribe_streaming  # noqa: E402
-from test_demo_model import FIXTURE, synth  # noqa: E402  (the tests' own espeak-ng rendering)
+ROOT = Path(__file__).resolve().parent.parent
 
 MODES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "float16": ("float16", None),
          "int8": ("float32", "int8")}

@@ -1,5 +1,6 @@
 """The frame-looping greedy RNN-T decoder the engine used before label looping: the reference
-the label-looping decoder (model/greedy.py) must match token for token, frame for frame."""
+the label-looping decoder (model/greedy.py) must match token for token, frame for frame
+(tests/test_greedy.py), and the baseline of the decode benchmark (benchmarks/kernels/decode.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The structure comes from the real checkpoints' model_config.yaml values recorded
 tests/fixtures/nemo/{small,large}_model_config.yaml. The joint's blank bias is raised so
 that roughly one frame in four emits a token, as speech does.
 
-    python scripts/random_model.py small weights/random-small
+    python -m demo_model.random_model small weights/random-small
 """
 
 from __future__ import annotations

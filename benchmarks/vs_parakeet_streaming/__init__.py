@@ -1,0 +1,1 @@
+"""The side-by-side comparison with parakeet-streaming (README.md)."""
