@@ -34,7 +34,7 @@ MAX_WEIGHT = 10.0
 # (GreedyDecoder.label_prior) takes from it. A phrase's labels need, for its reward, EVIDENCE per
 # label plus PRIOR_SHARE of their prior: with 1.0, the audio must make them e**0.9 times likelier
 # than the model expects of them unheard. A match the audio does not support earns nothing (and
-# gives its loan back). All four picked on the tuning half of scripts/phrase_eval.py's set
+# gives its loan back). All four picked on the tuning half of evaluations/phrase_eval.py's set
 # (docs/performance.md, "Key phrases").
 BONUS = 2.0
 PRIOR_LOAN = 1.0

@@ -36,7 +36,7 @@ def resolve_model_dir(name: str | Path, download: bool = True) -> Path | None:
                 return folder
         if name == "demo":
             raise ModelNotFound("the bundled demo model is missing (weights/demo/config.json): "
-                                "python scripts/train_demo.py makes it")
+                                "python -m demo_model.train makes it")
     if path.is_dir():
         raise ModelNotFound(f"{name}: not a model folder (expected config.json, model.safetensors, tokenizer.model)")
     if path.is_file():
