@@ -44,7 +44,7 @@ class Numbered:
     @property
     def waiting(self) -> int:
         """Frames not cut yet."""
-        return self.front.carried - self.front.spec.pre_cache
+        return int(self.store.carried[0]) - self.front.spec.pre_cache
 
 
 def ids(rows: np.ndarray) -> list[int]:
@@ -59,7 +59,7 @@ def test_first_chunk_is_left_padded_to_the_window():
     assert (start, length) == (spec.first_pad, spec.first_frames) == (16, 9)
     assert frames == [0] * 16 + list(range(1, 10))
     assert stream.history == list(range(1, 10))
-    assert stream.front.chunks_cut == 1 and stream.waiting == 21
+    assert stream.store.chunks_cut[0] == 1 and stream.waiting == 21
 
 
 def test_later_chunks_carry_the_previous_frames_and_only_whole_ones_are_cut():
@@ -137,7 +137,7 @@ def test_streams_of_a_step_keep_their_own_timelines_whatever_slot_they_hold():
         cut = 9 + 16 * (len(seen[s]) - 1)
         assert seen[s][0] == [1000 * (s + 1) + i for i in range(1, 10)], s
         assert seen[s][-1] == [1000 * (s + 1) + i for i in range(cut - 24, cut + 1)], s
-    assert [front.chunks_cut for front in fronts] == [3, 3, 2]
+    assert store.chunks_cut[slots].tolist() == [3, 3, 2]
 
 
 def test_the_last_features_are_zero_masked_past_samples_over_hop():

@@ -8,10 +8,12 @@ streams (first chunks included) batch together.
 
 A stream's timeline is its last `pre_cache` frames already cut (the pre-encode cache, zeros at
 the start), then its frames not cut yet. Between steps its timeline stays on the device, in its
-slot's rows of `FrontEnds.carry`. A step computes every stream's new frames at once, lays the
-step's carried rows and new rows out in one tensor, and cuts every window of a lookahead mode
-with one gather whose index the host computes as arrays; the rest of each timeline goes back
-into the carry with one more gather. The features never come back to the host.
+slot's rows of `FrontEnds.carry`, and its counts in the slot's row of FrontEnds' columns (rows
+carried, chunks cut, fresh), so a step reads and writes them by slot, not stream by stream. A
+step computes every stream's new frames at once, lays the step's carried rows and new rows out in
+one tensor, and cuts every window of a lookahead mode with one gather whose index the host
+computes as arrays; the rest of each timeline goes back into the carry with one more gather. The
+features never come back to the host.
 
 Why no tensor per stream: every torch call hands the GIL back and takes it again, and while
 another thread runs Python (the server's protocol work, the other stages) taking it back waits
@@ -34,16 +36,12 @@ from ..model.parakeet import ParakeetModel
 
 
 class FrontEnd:
-    """One stream's front-end state, written by the pre-encode stage only: its STFT framing, how
-    many rows of its timeline its slot carries, and the count of chunks cut."""
+    """One stream's STFT framing, written by the pre-encode stage only (its counts are its slot's
+    row of FrontEnds' columns)."""
 
     def __init__(self, features: LogMelFeatures, spec: ChunkSpec):
         self.spec = spec
         self.framing = FeatureStream(features)
-        self.carried = spec.pre_cache  # timeline rows: the pre-encode cache, then the frames not cut yet
-        self.fresh = True  # nothing in its slot yet: its pre-encode cache is zeros
-        self.chunks_cut = 0
-        self.taken = 0  # timeline rows the chunks of the step being cut took
 
 
 class Cut(NamedTuple):
@@ -73,6 +71,8 @@ class StepRows(NamedTuple):
     has any, every new row], and where each stream's timeline is in them."""
 
     rows: torch.Tensor
+    slots: np.ndarray  # each stream's
+    taken: np.ndarray  # timeline rows the step's chunks took (cut adds them, keep reads them)
     carried: np.ndarray  # timeline rows that come from the carry (the first ones)
     carry_at: np.ndarray  # where those are (a fresh stream's: the zero rows)
     new_at: np.ndarray  # where its new rows are
@@ -92,6 +92,13 @@ class FrontEnds:
     def __init__(self, features: LogMelFeatures, slots: int):
         self.features = features
         self.carry = torch.zeros(slots, 0, features.cfg.n_mels, device=features.fb.device)
+        self.fresh = np.ones(slots, bool)  # nothing of its stream in the slot yet: its pre-encode cache is zeros
+        self.carried = np.zeros(slots, np.int64)  # timeline rows: the pre-encode cache, then frames not cut yet
+        self.chunks_cut = np.zeros(slots, np.int64)
+
+    def start(self, slots: list[int]) -> None:
+        """New streams in `slots` (their first step): nothing of theirs is there yet."""
+        self.fresh[slots], self.chunks_cut[slots] = True, 0
 
     @staticmethod
     def slot_bytes(model: ParakeetModel) -> int:
@@ -128,44 +135,44 @@ class FrontEnds:
 
     def lay_out(self, fronts: list[FrontEnd], slots: list[int], mel: torch.Tensor, counts: np.ndarray) -> StepRows:
         """The step's rows: its streams' carried timelines (from their slots) and their new frames."""
-        pre = fronts[0].spec.pre_cache
-        carried = np.array([front.carried for front in fronts], np.int64)
-        held = np.array([not front.fresh for front in fronts])
+        pre, at = fronts[0].spec.pre_cache, np.asarray(slots, np.int64)
+        held = ~self.fresh[at]
+        carried = np.where(held, self.carried[at], pre)
         rows_each = self.carry.size(1)
         carry_at = np.zeros(len(fronts), np.int64)
         carry_at[held] = pre + rows_each * np.arange(int(held.sum()))
         parts = [mel.new_zeros(pre, mel.size(1))]
         if held.any():
-            at = to_device(np.asarray(slots, np.int64)[held], mel.device)
-            parts.append(self.carry.index_select(0, at).flatten(0, 1))
+            parts.append(self.carry.index_select(0, to_device(at[held], mel.device)).flatten(0, 1))
         new_at = pre + rows_each * int(held.sum()) + np.cumsum(counts) - counts
-        return StepRows(torch.cat((*parts, mel)), carried, carry_at, new_at, carried + counts)
+        return StepRows(torch.cat((*parts, mel)), at, np.zeros(len(fronts), np.int64), carried, carry_at, new_at,
+                        carried + counts)
 
     def cut(self, fronts: list[FrontEnd], step: StepRows, members: list[int], chunks: list[int],
             last: list[bool]) -> Windows | None:
         """The next chunks of the streams `members` (of one lookahead mode; `chunks`, `last`: theirs)
         as one tensor (None without any), each one's front moved on by them (`keep` then stores the
         rest of its timeline)."""
-        spec = fronts[members[0]].spec
-        planned = [(m, r, *cut) for m, count, is_last in zip(members, chunks, last)  # first chunks, ends: one by one
-                   if is_last or not fronts[m].chunks_cut
-                   for r, cut in enumerate(_plan(fronts[m], int(step.length[m]), count, is_last))]
-        cuts = np.concatenate((_steady_cuts(fronts, step, members, chunks, last), np.array(planned, np.int64).reshape(-1, 6)))
+        spec, at = fronts[members[0]].spec, np.asarray(members, np.int64)
+        cut_before = self.chunks_cut[step.slots[at]]
+        planned = [(m, r, *cut) for m, before, count, is_last in zip(members, cut_before.tolist(), chunks, last)
+                   if is_last or not before  # first chunks, ends: one by one
+                   for r, cut in enumerate(_plan(spec, before, int(step.length[m]), count, is_last))]
+        steady = _steady_cuts(spec, step, at, cut_before > 0, chunks, last)
+        cuts = np.concatenate((steady, np.array(planned, np.int64).reshape(-1, 6)))
         if not cuts.size:
             return None
         owner, rounds, shift, lo, hi, new = cuts[np.lexsort((cuts[:, 0], cuts[:, 1]))].T  # round by round, in the step's order
         j = np.arange(spec.window)
         index = np.where((j >= lo[:, None]) & (j < hi[:, None]), step.index(owner, shift[:, None] + j), 0)
-        counts, taken = np.bincount(owner, minlength=len(fronts)), np.bincount(owner, new, minlength=len(fronts))
-        for m in members:
-            fronts[m].chunks_cut += int(counts[m])
-            fronts[m].taken += int(taken[m])
+        self.chunks_cut[step.slots[at]] += np.bincount(owner, minlength=len(fronts))[at]
+        step.taken[at] += np.bincount(owner, new, minlength=len(fronts)).astype(np.int64)[at]
         frames = step.rows.index_select(0, to_device(index.ravel(), step.rows.device))
         return Windows(frames.view(len(owner), j.size, -1), owner, rounds, lo, hi - lo)
 
     def keep(self, fronts: list[FrontEnd], slots: list[int], step: StepRows) -> None:
         """Store the rest of every stream's timeline (after the frames its chunks took) in its slot."""
-        taken = np.array([front.taken for front in fronts], np.int64)
+        taken = step.taken
         rest = step.length - taken
         longest = int(rest.max(initial=0))
         if longest > self.carry.size(1):
@@ -174,21 +181,17 @@ class FrontEnds:
             self.carry = grown
         i = np.arange(longest)
         index = np.where(i < rest[:, None], step.index(np.arange(len(fronts)), taken[:, None] + i), 0)
-        at = to_device(np.asarray(slots, np.int64), step.rows.device)
         rows = step.rows.index_select(0, to_device(index.ravel(), step.rows.device))
-        self.carry[at, :longest] = rows.view(len(fronts), longest, -1)
-        for front, n in zip(fronts, rest.tolist()):
-            front.carried, front.fresh, front.taken = n, False, 0
+        self.carry[to_device(step.slots, step.rows.device), :longest] = rows.view(len(fronts), longest, -1)
+        self.carried[step.slots], self.fresh[step.slots] = rest, False
 
 
-def _steady_cuts(fronts: list[FrontEnd], step: StepRows, members: list[int], chunks: list[int],
+def _steady_cuts(spec: ChunkSpec, step: StepRows, at: np.ndarray, started: np.ndarray, chunks: list[int],
                  last: list[bool]) -> np.ndarray:
-    """The cuts of the streams past their first chunk and not at their end (almost every one), as
-    arrays: each takes its whole chunks, up to its count; chunk r's window is the `pre_cache` frames
-    before it, then its own. [cuts, 6]: owner, round, then Cut's fields."""
-    spec = fronts[members[0]].spec
-    at = np.asarray(members, np.int64)
-    steady = ~np.asarray(last, bool) & np.array([fronts[m].chunks_cut > 0 for m in members])
+    """The cuts of the streams `at` (in the step) past their first chunk (`started`) and not at their
+    end (almost every one), as arrays: each takes its whole chunks, up to its count; chunk r's window
+    is the `pre_cache` frames before it, then its own. [cuts, 6]: owner, round, then Cut's fields."""
+    steady = ~np.asarray(last, bool) & started
     n = np.minimum(np.asarray(chunks, np.int64), (step.length[at] - spec.pre_cache) // spec.chunk_frames)
     n = np.where(steady, np.maximum(n, 0), 0)
     owner = np.repeat(at, n)
@@ -197,15 +200,15 @@ def _steady_cuts(fronts: list[FrontEnd], step: StepRows, members: list[int], chu
     return np.column_stack((owner, rounds, rounds * spec.chunk_frames, fixed))
 
 
-def _plan(front: FrontEnd, length: int, count: int, last: bool) -> list[Cut]:
-    """The chunks to cut from a timeline of `length` rows: the next `count`; in its last step, every
-    chunk left, the partial last one too."""
+def _plan(spec: ChunkSpec, cut_before: int, length: int, count: int, last: bool) -> list[Cut]:
+    """The chunks to cut from a timeline of `length` rows, `cut_before` chunks cut before: the next
+    `count`; in its last step, every chunk left, the partial last one too."""
     out: list[Cut] = []
-    spec, offset = front.spec, 0
+    offset = 0
     pre = spec.pre_cache
     have = length - pre  # frames not cut yet
     while last or len(out) < count:
-        chunk = front.chunks_cut + len(out)
+        chunk = cut_before + len(out)
         size = spec.size(chunk)
         # NeMo's streaming buffer counts every frame it holds as valid (the zero-masked tail too)
         if have - offset < size and not (last and have - offset >= spec.shortest_last(chunk)):

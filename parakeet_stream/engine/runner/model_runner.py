@@ -66,6 +66,7 @@ class ModelRunner:
                                    phrases.COMMIT_MARGIN, self.eou)
         self.prompts = self._prompt_pool(slots)
         self.fronts = chunker.FrontEnds(model.features, slots)
+        self._frames_by_end: dict[Lookahead, np.ndarray] = {}
         self.streams = StageStreams(self.device, STAGES)
         self.pre_encoders: dict[Lookahead, StaticBatches] = {}
         self.encoders: dict[Lookahead, StaticBatches] = {}
@@ -120,6 +121,7 @@ class ModelRunner:
         """The step's batches: every stream's new frames at once, then each mode's chunks cut and
         pre-encoded at once, split into rounds; each stream's timeline kept for its next step."""
         fronts, slots, last = [i.seq.front for i in live], [i.slot for i in live], [i.last for i in live]
+        self.fronts.start([item.slot for item in live if item.first])
         rows = self.fronts.lay_out(fronts, slots, *self.fronts.new_frames(fronts, samples, last))
         by_mode: dict = defaultdict(list)
         for k, item in enumerate(live):
@@ -133,7 +135,8 @@ class ModelRunner:
             self.streams.mark(step, "pre-encode", len(windows.owner), mode)
             items = [live[k] for k in windows.owner.tolist()]
             bounds = [0, *(np.flatnonzero(np.diff(windows.round)) + 1).tolist(), len(items)]
-            batches += [self._batch(mode, items[a:b], windows, a, b, x[a:b]) for a, b in zip(bounds, bounds[1:])]
+            slots_at = rows.slots[windows.owner]
+            batches += [self._batch(mode, items[a:b], windows, slots_at, a, b, x[a:b]) for a, b in zip(bounds, bounds[1:])]
         self.fronts.keep(fronts, slots, rows)
         return batches
 
@@ -259,15 +262,22 @@ class ModelRunner:
                  for i in range(0, feats.size(0), self.max_batch)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _batch(self, mode: Lookahead, items: list[StepItem], windows: chunker.Windows, a: int, b: int,
-               x: torch.Tensor) -> Batch:
-        """Rows a..b of a mode's windows (one round): a batch for the encoder and the decoder."""
-        stream_frames = self.model.encoder.stream_frames
-        frames = [stream_frames(0, end, mode) for end in (windows.start[a:b] + windows.length[a:b]).tolist()]
-        for item, n in zip(items, frames):
+    def _batch(self, mode: Lookahead, items: list[StepItem], windows: chunker.Windows, slots: np.ndarray, a: int,
+               b: int, x: torch.Tensor) -> Batch:
+        """Rows a..b of a mode's windows (one round; `slots`: each window's): a batch for the encoder
+        and the decoder."""
+        frames = self._valid_frames(mode)[windows.start[a:b] + windows.length[a:b]]
+        for item, n in zip(items, frames.tolist()):
             item.frames.append(n)
-        return Batch(mode, items, x, self._index(frames), self._index([item.slot for item in items]),
-                     round=int(windows.round[a]))
+        return Batch(mode, items, x, self._index(frames), self._index(slots[a:b]), round=int(windows.round[a]))
+
+    def _valid_frames(self, mode: Lookahead) -> np.ndarray:
+        """The encoder frames a window gives by where its valid mel frames end (0 to the window)."""
+        table = self._frames_by_end.get(mode)
+        if table is None:
+            stream_frames, window = self.model.encoder.stream_frames, self.model.encoder.chunk_spec(mode).window
+            table = self._frames_by_end[mode] = np.array([stream_frames(0, end, mode) for end in range(window + 1)])
+        return table
 
     def _pre_encode(self, feats, lengths, start, mode: Lookahead, fixed: bool = False) -> torch.Tensor:
         return self.model.encoder.stream_pre_encode(feats, lengths, start, mode)[0]
