@@ -14,10 +14,13 @@ streams are let in a step at a time, at most a quarter more than are running (RA
 between two steps or in PACE, and none for BEHIND_HOLD seconds after a step delivered a live chunk
 later than the latency target (a chunk that waited in the queue counts from its admission; such a
 step also takes back what it had proven). A step proves its live streams only when it was in time
-*with room to spare*: its rounds took at most HEADROOM of the chunk period. A step in time without
-that room proves nothing, and past what was proven no live stream is let in until a step has room
-again: the next admissions would make the steps late, and a burst on a fresh replica would be let
-in past what the machine holds while the line, fitted to cheaper steps, still said yes. The engine
+*with room to spare*: its rounds took at most HEADROOM of the chunk period. And past what was
+proven, a live stream is let in only where the last step with live chunks, with the line's cost per
+stream added for every live stream its round did not hold and one more, keeps its round within
+HEADROOM: the line is fitted to the steps of every load so
+far and a running server's own work (its connections' protocol on the same cores) makes its next
+steps dearer than the line says, so a burst on a fresh replica was let in past what the machine
+holds while the line still said yes; the last step measures the machine as it is now. The engine
 measures two batch sizes of steady chunks when it starts (calibration.py), so the line is known
 before the first client; without it, slots and that pace alone decide until steps are measured.
 Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone decide
@@ -93,7 +96,7 @@ class Admission:
         self._admitted = 0  # live streams admitted since the last step was taken back, or PACE
         self._paced_at = 0.0
         self._proven = PROVEN  # the most live streams a step has served in time, with room to spare
-        self._tight = False  # the last step's rounds took more than HEADROOM of the chunk period
+        self._last_round: tuple[int, float] | None = None  # the last live step's (streams a round, seconds)
 
     def refusal(self, seq: Sequence, free_slots: int) -> str | None:
         """Why `seq` cannot take a slot now (None: it can), in words for the log."""
@@ -106,9 +109,8 @@ class Admission:
             now = time.monotonic()
             if now < self._behind_until:
                 return f"a live chunk came later than the target: no live admissions for {BEHIND_HOLD:g} s"
-            if self._tight:
-                return (f"the last step took more than {HEADROOM:.0%} of a chunk period: no live admissions past "
-                        f"{self._proven} until one has room")
+            if (full := self._full(seq)) is not None:
+                return full
             if now - self._paced_at >= PACE:
                 self._paced_at, self._admitted = now, 0
             if self._admitted >= max(RAMP, (live - self._admitted) // 4):  # those running at the last step
@@ -132,9 +134,10 @@ class Admission:
         if late:
             self._behind_until = now + BEHIND_HOLD
             self._proven = max(PROVEN, min(self._proven, live - 1))
+        rounds = max(chunks, default=1)
         if late is not None:
-            self._tight = not self._with_room(chunks, seconds)
-        if late is False and not self._tight:
+            self._last_round = (round(sum(chunks) / rounds), seconds / rounds)
+        if late is False and self._with_room(seconds / rounds):
             self._proven = max(self._proven, live)
         self._admitted = 0
         self._busy.append((now, busy))
@@ -160,7 +163,18 @@ class Admission:
                 log.info("admission: %d stream(s) wait: %s", waiting, refusal)
             self._refused = refusal
 
-    def _with_room(self, chunks: list[int], seconds: float) -> bool:
-        """The step's rounds took at most HEADROOM of the shortest live chunk period."""
-        samples = self.live.shortest_period()
-        return samples is None or seconds / max(chunks, default=1) <= HEADROOM * samples / self.sample_rate
+    def _with_room(self, round_seconds: float, new: Sequence | None = None) -> bool:
+        """A round of `round_seconds` takes at most HEADROOM of the shortest live chunk period."""
+        samples = self.live.shortest_period(new)
+        return samples is None or round_seconds <= HEADROOM * samples / self.sample_rate
+
+    def _full(self, seq: Sequence) -> str | None:
+        """Why the last live step's round, one stream more, would not leave the room (None: it would)."""
+        if self._last_round is None:
+            return None
+        streams, seconds = self._last_round
+        line = self.cost.line()
+        per_stream = line[1] if line is not None else seconds / max(streams, 1)
+        if self._with_room(seconds + per_stream * max(0, len(self.live) + 1 - streams), seq):
+            return None
+        return f"the last step, with the other live streams and one more, would take more than {HEADROOM:.0%} of a chunk period"
