@@ -42,8 +42,8 @@ from helpers import (
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine.errors import EngineError
 from parakeet_stream.engine.inbox import Inbox
-from parakeet_stream.engine.ipc import client as engine_client
-from parakeet_stream.engine.ipc.client import EngineClient
+from parakeet_stream.engine.ipc import engine_client
+from parakeet_stream.engine.ipc.engine_client import EngineClient
 from parakeet_stream.engine.ipc.messages import HEADER, Answer, Ask, Audio, Framer, FromEngine, Open, Opened, ToEngine
 from parakeet_stream.engine.ipc.service import hello, packets
 from parakeet_stream.server.cli import build_parser

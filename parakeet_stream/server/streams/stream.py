@@ -1,6 +1,6 @@
 """EngineStream: one client audio stream through the engine, as every door holds it.
 
-The one place for what each door needs around the engine's stream API (engine/ipc/client.py or the
+The one place for what each door needs around the engine's stream API (engine/ipc/engine_client.py or the
 ASREngine itself): the audio received but not pushed yet (one contiguous buffer: a queued stream
 holds one bytearray, never one object per message), pushes of at least MIN_PUSH_SECONDS once it
 holds a slot, the budget of audio held unencoded (here and in the engine), the time limit,
