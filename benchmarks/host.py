@@ -196,7 +196,7 @@ def lockstep(folder: Path, n: int, rounds: int, device: StandIn) -> dict:
             engine.add_listener(sid, wake.set)
 
         def round_(wait: float) -> int:
-            with engine.scheduler.held():
+            with engine.scheduler.paused():
                 for sid, packet in zip(sids, packets):
                     engine.push_audio(sid, packet)
             answered, deadline = 0, time.monotonic() + wait

@@ -319,7 +319,7 @@ async def test_http_endpoints(engine):
         assert (await http_get(port, "/../../etc/passwd"))[0] == 404
 
 
-async def _held(address: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _slot_holder(address: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
     async with Raw.open(address) as conn:
         await conn.recv()
         task_status.started(conn)

@@ -110,7 +110,7 @@ class VllmRealtimeSession(Session):
         """Without `final`, a start marker (opens the segment); with it, the end of the utterance."""
         segments = self.segments
         if segments.state is State.DRAINING:  # then it ends the audio waiting behind the segment
-            if final and segments.holding:
+            if final and segments.audio_waiting:
                 segments.defer(functools.partial(self._commit, True))
             return
         segment = segments.current or segments.open()

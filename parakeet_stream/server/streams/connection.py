@@ -126,7 +126,7 @@ class Connection:
             yield
         except ChannelClosed:  # the client left: done, or in the middle of a segment
             self._peer_gone = True
-            self.end("completed" if self.segments.state is State.IDLE and not self.segments.holding else "vanished")
+            self.end("completed" if self.segments.state is State.IDLE and not self.segments.audio_waiting else "vanished")
         except SlowConsumer:
             self.end("slow_consumer")
         except ProtocolError as exc:

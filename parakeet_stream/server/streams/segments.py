@@ -47,7 +47,7 @@ class State(enum.Enum):
 
 @dataclass(frozen=True)
 class Gap:
-    """Held audio that was dropped: its time still passes before the next segment's."""
+    """Audio that waited for the next segment and was dropped: its time still passes before the next segment's."""
 
     seconds: float
 
@@ -67,8 +67,8 @@ class Segments:
         self._channel = channel
         self._metric = metric
         self._budget = backlog_samples(ctx.config)
-        self._held: list[np.ndarray | Gap | Deferred] = []  # waiting for the next segment, in order
-        self._held_samples = 0
+        self._waiting: list[np.ndarray | Gap | Deferred] = []  # for the next segment, in order
+        self._waiting_samples = 0  # of the audio in _waiting (at the client's rate)
 
     # -- state the connection and the protocols look at ---------------------------------
     @property
@@ -83,9 +83,9 @@ class Segments:
         return self.state is State.DRAINING
 
     @property
-    def holding(self) -> bool:
+    def audio_waiting(self) -> bool:
         """Audio waits for the next segment, behind the last deferred action."""
-        for item in reversed(self._held):
+        for item in reversed(self._waiting):
             if callable(item):
                 return False
             if isinstance(item, np.ndarray):
@@ -96,8 +96,8 @@ class Segments:
     def received_seconds(self) -> float:
         """All the audio the client sent."""
         current = 0.0 if self.current is None else self.current.input_seconds
-        gaps = sum(item.seconds for item in self._held if isinstance(item, Gap))
-        return self.offset + current + gaps + self._held_samples / self.rate
+        gaps = sum(item.seconds for item in self._waiting if isinstance(item, Gap))
+        return self.offset + current + gaps + self._waiting_samples / self.rate
 
     @property
     def active(self) -> bool:
@@ -122,8 +122,8 @@ class Segments:
         return self.current
 
     async def push(self, samples: np.ndarray) -> None:
-        """Add audio to the current segment (opened if there is none), or hold it while the
-        previous one drains. Over the audio budget, wait: reading is paused, so the client is
+        """Add audio to the current segment (opened if there is none), or keep it for the next
+        segment while the previous one drains. Over the audio budget, wait: reading is paused, so the client is
         slowed by flow control."""
         segment = self._taker(samples)
         if segment is None:
@@ -137,11 +137,11 @@ class Segments:
         self._check_limit(segment)
 
     def _taker(self, samples: np.ndarray) -> Segment | None:
-        """The segment that takes `samples` (opened if needed); None: held, or nothing to take."""
+        """The segment that takes `samples` (opened if needed); None: kept for the next, or nothing to take."""
         if not len(samples):
             return None
         if self.state is State.DRAINING and self.several:
-            self._hold(samples)
+            self._keep_for_next(samples)
             return None
         return self.current or self.open()
 
@@ -149,20 +149,20 @@ class Segments:
         if segment.limit_reached:
             self.end_after = "max_stream_seconds"
 
-    def _hold(self, samples: np.ndarray) -> None:
-        held = self._held_samples + len(samples)
-        if -(-held * self.ctx.engine.info.sample_rate // self.rate) > self._budget:
+    def _keep_for_next(self, samples: np.ndarray) -> None:
+        waiting = self._waiting_samples + len(samples)
+        if -(-waiting * self.ctx.engine.info.sample_rate // self.rate) > self._budget:
             raise ProtocolError("message_too_large", "too much audio sent while the previous segment finishes")
-        self._held.append(samples)
-        self._held_samples = held
+        self._waiting.append(samples)
+        self._waiting_samples = waiting
 
     def end_input(self, again: Deferred) -> State | None:
         """End the current segment's input (a protocol's Finalize, ForceEndTurn, close): OPEN, it
-        ended now; DRAINING, the segment before still drains, and `again` runs once the audio held
-        behind it went to the next one (if any is held); None, no audio to end."""
+        ended now; DRAINING, the segment before still drains, and `again` runs once the audio waiting
+        behind it went to the next one (if any waits); None, no audio to end."""
         match self.state:
             case State.DRAINING:
-                if self.holding:
+                if self.audio_waiting:
                     self.defer(again)
                 return State.DRAINING
             case State.OPEN if self.current.received_samples:
@@ -172,28 +172,28 @@ class Segments:
 
     def defer(self, action: Deferred) -> None:
         """While a segment drains: run `action` after the audio already waiting has gone to the next one."""
-        self._held.append(action)
+        self._waiting.append(action)
 
-    def drop_held(self) -> None:
+    def drop_waiting_audio(self) -> None:
         """Forget the audio waiting behind the last deferred action (its time still passes)."""
-        keep = len(self._held)
-        while keep and not callable(self._held[keep - 1]):
+        keep = len(self._waiting)
+        while keep and not callable(self._waiting[keep - 1]):
             keep -= 1
-        dropped = [item for item in self._held[keep:] if isinstance(item, np.ndarray)]
+        dropped = [item for item in self._waiting[keep:] if isinstance(item, np.ndarray)]
         samples = sum(len(item) for item in dropped)
-        seconds = samples / self.rate + sum(item.seconds for item in self._held[keep:] if isinstance(item, Gap))
-        self._held[keep:] = [Gap(seconds)] if seconds else []
-        self._held_samples -= samples
+        seconds = samples / self.rate + sum(item.seconds for item in self._waiting[keep:] if isinstance(item, Gap))
+        self._waiting[keep:] = [Gap(seconds)] if seconds else []
+        self._waiting_samples -= samples
 
     def replay(self) -> None:
         """The next segment takes what waited, in order: audio, and the actions deferred behind
-        it, until one of them makes its input final; the rest waits for the segment after. Held
+        it, until one of them makes its input final; the rest waits for the segment after. Waiting
         audio fits its budget (it was counted against it), so nothing waits here."""
-        held, self._held, self._held_samples = self._held, [], 0
-        for index, item in enumerate(held):
+        waiting, self._waiting, self._waiting_samples = self._waiting, [], 0
+        for index, item in enumerate(waiting):
             if self.state is State.DRAINING:
-                self._held = held[index:]
-                self._held_samples = sum(len(part) for part in self._held if isinstance(part, np.ndarray))
+                self._waiting = waiting[index:]
+                self._waiting_samples = sum(len(part) for part in self._waiting if isinstance(part, np.ndarray))
                 return
             if isinstance(item, np.ndarray):
                 self._take_now(item)
@@ -238,6 +238,6 @@ class Segments:
             self.current = None
 
     def _release(self, segment: Segment) -> None:
-        held = segment.release()
-        if held is not None:
-            self.ctx.estimator.record_hold(held)
+        slot_seconds = segment.release()
+        if slot_seconds is not None:
+            self.ctx.estimator.record_hold(slot_seconds)
