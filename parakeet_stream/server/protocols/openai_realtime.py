@@ -34,7 +34,7 @@ from .openai_events import (SCHEMA, TRANSCRIPTION_PATH, Append, Clear, Commit, S
 if TYPE_CHECKING:
     from ...engine import StreamResult
     from ..streams.connection import Connection
-    from ..streams.segment import Segment
+    from ..streams.segments import Segment
 
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 SERVER_ERRORS = {"inference_error", "internal_error"}

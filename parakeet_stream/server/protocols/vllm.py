@@ -25,7 +25,7 @@ from ..transport.codes import ProtocolError
 if TYPE_CHECKING:
     from ...engine import StreamResult
     from ..streams.connection import Connection
-    from ..streams.segment import Segment
+    from ..streams.segments import Segment
 
 # our codes -> the names vLLM's realtime server uses for the same failures
 VLLM_CODES = {

@@ -164,7 +164,8 @@ class Connection:
                     self.answer(exc)
                 handled += 1
             frame = self.channel.receive_buffered() if handled < MAX_BATCH_MESSAGES else None
-        self.segments.flush()
+        if (segment := self.segments.current) is not None:  # the batch's audio to the engine at once
+            segment.flush()
         await self._rate.spend(max(units, handled))
         while self.outbox_bytes > OUTBOX_BYTES:  # the client does not read what it is sent
             await self._sent.wait()

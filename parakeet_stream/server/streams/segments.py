@@ -10,6 +10,13 @@ opens a new segment. Here, once for every such protocol:
   one, and so do the protocol's actions queued behind it (`defer`), in order;
 - times count from the connection: a segment starts at `offset`, the audio before it (audio
   dropped while it waited included).
+
+A Segment is the EngineStream (stream.py: the audio on its way to the engine, its budget, its
+slot) of one stretch of a connection's audio, with what the connection counts in it: the client's
+rate (audio is resampled as it comes), connection time (where the segment starts, how much audio
+it received), the transcript so far, and the trio times of its admission and its final. A
+protocol's audio goes from `Segments.push` to `Segment.add`, then to the engine in
+`EngineStream.flush`; results come back through `EngineStream.collect`.
 """
 from __future__ import annotations
 
@@ -22,13 +29,19 @@ import numpy as np
 import trio
 
 from ... import audio
+from ...audio import StreamResampler
+from ...engine import EngineError, QueueFull
+from ...engine.phrases import PhraseError
 from ..transport.channel import ChannelClosed
 from ..transport.codes import ProtocolError
 from ..transport.wakeup import Wakeup
 from .guard import backlog_samples
-from .segment import Segment
+from .phrases import refused
+from .stream import EngineStream
 
 if TYPE_CHECKING:
+    from ...engine import StreamResult
+    from ...engine.api import EngineAPI
     from ...engine.phrases import Phrase
     from ..context import ServerContext
     from ..transport.channel import Channel
@@ -50,6 +63,96 @@ class Gap:
     """Audio that waited for the next segment and was dropped: its time still passes before the next segment's."""
 
     seconds: float
+
+
+class Segment(EngineStream):
+    """One stretch of a connection's audio (all of it, or one utterance of it) through the engine."""
+
+    def __init__(
+        self, engine: EngineAPI, changed: Wakeup, lookahead: tuple[int, int] | None, input_rate: int,
+        max_seconds: float | None, offset: float, budget: int, phrases: tuple[Phrase, ...],
+        language: str | None = None,
+    ) -> None:
+        try:
+            super().__init__(engine, changed.set_threadsafe, budget, max_seconds, lookahead, phrases, language=language)
+        except QueueFull:
+            raise ProtocolError("queue_full", "every slot is busy and the waiting queue is full") from None
+        except PhraseError as exc:  # a phrase too many tokens long for the model
+            raise refused(exc) from None
+        except EngineError as exc:
+            if exc.code == "unsupported_language":
+                raise ProtocolError(exc.code, exc.message) from None
+            if exc.code != "bad_lookahead":
+                raise
+            raise ProtocolError("bad_lookahead", f"lookahead must be one of: {engine.info.modes_text()}") from None
+        self.lookahead = tuple(lookahead or engine.info.default_lookahead)
+        self.phrases = phrases
+        self.language = language or engine.info.default_language  # what a multilingual model transcribes
+        self.offset = offset  # connection seconds where its audio starts
+        self.input_seconds = 0.0  # audio received, padding and the cut after max_seconds included
+        self.set_input_rate(input_rate)
+        self.text = ""  # the transcript so far
+        self.token_count = 0
+        self.announced_position = 0  # the queue position the client was last told
+        self.admitted_at: float | None = None
+        self.final_at: float | None = None  # the client's end of input
+        changed.set()
+
+    def heard_until(self, result: StreamResult | None = None) -> float:
+        """Connection seconds up to which `result` transcribed this segment's audio (the engine's
+        padding at the end not counted); without a result, where its audio ends."""
+        seconds = self.input_seconds if result is None else min(result.audio_seconds, self.input_seconds)
+        return self.offset + seconds
+
+    def set_input_rate(self, rate: int) -> None:
+        """Only before the first packet (a start message)."""
+        self.input_rate = rate
+        self._resampler = None if rate == self.rate else StreamResampler(rate)
+
+    def add(self, samples: np.ndarray) -> bool:
+        """Take a packet at the client's rate, unless what the segment holds (here and in the
+        engine, not yet consumed) plus the packet exceeds its budget: then False, and the caller
+        waits for the engine to consume audio. At the time limit the audio is cut and the input
+        made final."""
+        incoming = -(-len(samples) * self.rate // self.input_rate)
+        if incoming > self.budget:
+            seconds = self.budget / self.rate
+            raise ProtocolError("message_too_large", f"one message may carry at most {seconds:g} s of audio")
+        if self.final:
+            raise ProtocolError("stream_closed", "audio after the end of the stream")
+        if incoming > self.room and not self.finished:
+            return False
+        self.input_seconds += len(samples) / self.input_rate
+        if self._resampler is not None:
+            samples = self._resampler.push(samples)
+        self.take(samples)
+        if self.limit_reached:
+            self.finalize()
+        return True
+
+    def admit(self) -> bool:
+        """Not admitted yet: whether it got a slot now (the audio that waited is pushed)."""
+        if not super().admit():
+            return False
+        self.admitted_at = trio.current_time()
+        return True
+
+    def finalize(self) -> bool:
+        """The client's end of input: the engine transcribes what is left (the resampler's tail
+        too), then sends the final result. Once only, and not once the segment is over (its final
+        result collected, or cancelled): then False."""
+        tail = None
+        if self._resampler is not None and not (self.final or self.finished):  # the filter's tail
+            tail = self._resampler.push(np.zeros(0, np.float32), last=True)
+        if not super().finalize(tail):
+            return False
+        self.final_at = trio.current_time()
+        return True
+
+    def absorb(self, result: StreamResult) -> None:
+        """Account for one collected result (in order)."""
+        self.text += result.text
+        self.token_count += len(result.token_ids)
 
 
 class Segments:
@@ -208,10 +311,6 @@ class Segments:
             raise ProtocolError("message_too_large", "too much audio sent while the previous segment finishes")
         self._check_limit(segment)
 
-    def flush(self) -> None:
-        if self.current is not None:
-            self.current.flush()
-
     def finalize(self) -> None:
         if self.current is not None:
             self.current.finalize()
@@ -238,6 +337,6 @@ class Segments:
             self.current = None
 
     def _release(self, segment: Segment) -> None:
-        slot_seconds = segment.release()
-        if slot_seconds is not None:
-            self.ctx.estimator.record_hold(slot_seconds)
+        """Free its slot (cancelling it if unfinished), and learn how long it held the slot."""
+        if segment.release() and segment.admitted_at is not None:
+            self.ctx.estimator.record_hold(trio.current_time() - segment.admitted_at)

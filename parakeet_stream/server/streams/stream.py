@@ -7,7 +7,8 @@ holds a slot, the budget of audio not yet consumed (here and in the engine), the
 admission, collecting results (which say how much audio the engine consumed), and release. It
 neither waits nor knows an event loop: the door passes `wake`, which the engine's side calls (from
 another thread) on every result and queue change, and waits its own way (trio for the WebSocket and
-TCP doors and the file feed, asyncio for gRPC).
+TCP doors and the file feed, asyncio for gRPC). A WebSocket or TCP connection's Segment
+(segments.py) is an EngineStream, with what the connection counts in it.
 """
 from __future__ import annotations
 
