@@ -266,7 +266,8 @@ class ASREngine:
             for sink, rows in step.rows:
                 sink.put(rows, live)
             self._forget(sid for _, rows in step.rows for sid in rows.sids[rows.final].tolist())
-        _notify(list(dict.fromkeys([*(seq for seq, _ in step.results), *changed])))
+        for seq in dict.fromkeys([*(seq for seq, _ in step.results), *changed]):  # listeners: news of the step
+            seq.outbox.notify()
 
     def _fail(self, step: Step) -> None:
         failed, changed = self.scheduler.postprocess(step, failed=True)

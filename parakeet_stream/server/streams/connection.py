@@ -52,6 +52,7 @@ class Connection:
         self._outbox: deque[bytes] = deque()
         self.outbox_bytes = 0
         self._sent = Wakeup()  # the writer sent what the outbox held
+        self._delivering = False  # the writer is posting the engine's news: it sends next, no wake-up needed
         self._nursery: trio.Nursery | None = None
         self._reader_scope = trio.CancelScope()
         self._idle_scope = trio.CancelScope()
@@ -99,7 +100,7 @@ class Connection:
     def post(self, message: dict) -> None:
         """Queue a message for the client, after those posted before (none once the connection ends)."""
         if self.end_reason is None:
-            if not self._outbox:  # else the writer is on its way
+            if not self._outbox and not self._delivering:  # else the writer is on its way
                 self.segments.changed.set()
             data = wire.dumps(message)
             self._outbox.append(data)
@@ -183,10 +184,13 @@ class Connection:
         with self._ends_on_errors():
             while True:
                 await self.segments.changed.wait()
+                self._delivering = True
                 try:
                     self.session.deliver()
                 except ProtocolError as exc:  # met in an action that waited for the next segment
                     self.answer(exc)
+                finally:
+                    self._delivering = False
                 await self._flush()
 
     async def _flush(self) -> None:
