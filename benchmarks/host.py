@@ -50,7 +50,7 @@ from benchmarks.common import RESULTS, ROOT
 from benchmarks.engine import keeps_up, run_level
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine.calibration import calibrate
-from parakeet_stream.engine.ipc.client import EngineClient
+from parakeet_stream.engine.ipc.engine_client import EngineClient
 from parakeet_stream.engine.runner.model_runner import ModelRunner
 from parakeet_stream.engine.options import whole_number
 from parakeet_stream.engine.ipc.service import EngineService
@@ -196,7 +196,7 @@ def lockstep(folder: Path, n: int, rounds: int, device: StandIn) -> dict:
             engine.add_listener(sid, wake.set)
 
         def round_(wait: float) -> int:
-            with engine.scheduler.held():
+            with engine.scheduler.paused():
                 for sid, packet in zip(sids, packets):
                     engine.push_audio(sid, packet)
             answered, deadline = 0, time.monotonic() + wait

@@ -27,7 +27,7 @@ from wsproto.events import CloseConnection, Request, TextMessage
 
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine, StreamResult, chunker
-from parakeet_stream.engine.ipc.client import EngineClient
+from parakeet_stream.engine.ipc.engine_client import EngineClient
 from parakeet_stream.engine.ipc.service import EngineService
 from parakeet_stream.engine.phrases import MAX_PHRASE_TOKENS, PhraseError
 from parakeet_stream.server import ServerConfig, ServerContext, serve

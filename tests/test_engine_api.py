@@ -10,7 +10,7 @@ from helpers import behind_service
 
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine.api import EngineAPI
-from parakeet_stream.engine.ipc.client import EngineClient
+from parakeet_stream.engine.ipc.engine_client import EngineClient
 from parakeet_stream.server.context import ServerContext
 
 MEMBERS = [name for name in dir(EngineAPI) if not name.startswith("_")]

@@ -306,7 +306,7 @@ async def test_http_endpoints(engine):
         assert (await http_get(port, "/ready"))[0] == 200
         async with trio.open_nursery() as nursery:
             for _ in range(engine.stats()["max_num_streams"]):
-                await nursery.start(_held, url(ctx, "tcp"))
+                await nursery.start(_slot_holder, url(ctx, "tcp"))
             status, body = await http_get(port, "/ready")  # slots full, but the queue has room
             assert status == 200 and orjson.loads(body)["free_slots"] == 0
             assert orjson.loads(body)["reason"] == "queue_room"
@@ -319,7 +319,7 @@ async def test_http_endpoints(engine):
         assert (await http_get(port, "/../../etc/passwd"))[0] == 404
 
 
-async def _held(address: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _slot_holder(address: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
     async with Raw.open(address) as conn:
         await conn.recv()
         task_status.started(conn)

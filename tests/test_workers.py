@@ -42,8 +42,8 @@ from helpers import (
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine.errors import EngineError
 from parakeet_stream.engine.inbox import Inbox
-from parakeet_stream.engine.ipc import client as engine_client
-from parakeet_stream.engine.ipc.client import EngineClient
+from parakeet_stream.engine.ipc import engine_client
+from parakeet_stream.engine.ipc.engine_client import EngineClient
 from parakeet_stream.engine.ipc.messages import HEADER, Answer, Ask, Audio, Framer, FromEngine, Open, Opened, ToEngine
 from parakeet_stream.engine.ipc.service import hello, packets
 from parakeet_stream.server.cli import build_parser
@@ -297,24 +297,24 @@ def test_streams_pushed_from_many_threads_at_once_all_reach_their_final_with_the
 
 
 def test_a_stream_s_audio_is_held_only_while_it_makes_no_chunk_ready(engine):
-    """The engine client's hold (`_Held`) against the engine's own rule (Inbox): fed the same
-    packets, the engine's inbox behind the hold has every chunk ready as soon as an inbox fed
+    """The engine client's chunk gate (`_ChunkGate`) against the engine's own rule (Inbox): fed the
+    same packets, the engine's inbox behind the gate has every chunk ready as soon as an inbox fed
     every packet at once has it, in every lookahead mode, and nothing is left behind at the end."""
     rng = np.random.default_rng(7)
     features = engine.model.cfg.features
     for mode in engine.info.lookahead_modes:
         inbox = lambda: Inbox(engine.model.encoder.chunk_spec(mode), features.hop_length, features.n_fft)  # noqa: E731
         direct, behind = inbox(), inbox()
-        held = engine_client._Held(*engine.info.ready_samples[mode])
+        gate = engine_client._ChunkGate(*engine.info.ready_samples[mode])
         for size in rng.integers(1, 3000, 300):
             packet = np.zeros(size, np.float32)
             direct.add(packet)
-            if (released := held.add(packet)) is not None:
+            if (released := gate.add(packet)) is not None:
                 behind.add(released)
             assert behind.chunks_ready == direct.chunks_ready
-        if (rest := held.rest()) is not None:  # at the final
+        if (rest := gate.rest()) is not None:  # at the final
             behind.add(rest)
-        assert behind.samples_in == direct.samples_in and held.rest() is None
+        assert behind.samples_in == direct.samples_in and gate.rest() is None
 
 
 def test_a_worker_whose_engine_stops_reading_waits_with_a_bounded_queue(engine, monkeypatch):

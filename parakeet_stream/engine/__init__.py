@@ -6,7 +6,7 @@ three stage threads (runner/model_runner.py, pipeline.py), the engine turns its 
 Scheduler takes it back (postprocess) and the results are published to the streams' outboxes.
 
 Beside the engine: the engine across processes (ipc/: service.py serves an ASREngine on a
-Unix socket, client.py's EngineClient offers the same stream API in another process, messages.py).
+Unix socket, engine_client.py's EngineClient offers the same stream API in another process, messages.py).
 
 Glossary (one word per concept):
 - stream: one client's audio, from create_stream to its final result; the API names it by id (`sid`).

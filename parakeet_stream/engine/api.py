@@ -1,5 +1,5 @@
 """EngineAPI: the stream API the server's doors use, which both the in-process ASREngine and the
-EngineClient of a worker process (ipc/client.py, the engine in another process) implement: the
+EngineClient of a worker process (ipc/engine_client.py, the engine in another process) implement: the
 server is typed against this, not against either one (tests/test_engine_api.py checks both)."""
 
 from __future__ import annotations

@@ -184,8 +184,8 @@ class ASREngine:
     def send_rows(self, sid: int, sink) -> None:
         """The stream's results go to `sink` as rows (result_rows.py), not to its outbox: one
         `sink.put(rows, live)` per step for all of that sink's streams (`live`: the step had a live
-        stream's chunk: its delivery counts towards the latency target, `delivered`). An engine
-        service's client does this for its streams: its worker process builds their results. Errors
+        stream's chunk: its delivery counts towards the latency target, `delivered`). The engine
+        service's WorkerConnection does this for its streams: its worker process builds their results. Errors
         and queue news still come through the outbox and its listeners."""
         self._seq(sid).sink = sink
 
@@ -266,7 +266,8 @@ class ASREngine:
             for sink, rows in step.rows:
                 sink.put(rows, live)
             self._forget(sid for _, rows in step.rows for sid in rows.sids[rows.final].tolist())
-        _notify(list(dict.fromkeys([*(seq for seq, _ in step.results), *changed])))
+        for seq in dict.fromkeys([*(seq for seq, _ in step.results), *changed]):  # listeners: news of the step
+            seq.outbox.notify()
 
     def _fail(self, step: Step) -> None:
         failed, changed = self.scheduler.postprocess(step, failed=True)

@@ -69,7 +69,7 @@ class Inbox:
     @property
     def readiness(self) -> tuple[int, int]:
         """(samples that make the first chunk ready, samples each later chunk adds): the engine can
-        do nothing with a stream's samples short of its next chunk (engine/ipc/client.py holds them)."""
+        do nothing with a stream's samples short of its next chunk (engine/ipc/engine_client.py holds them)."""
         return self.samples_for(0), self.samples_for(1) - self.samples_for(0)
 
     @property

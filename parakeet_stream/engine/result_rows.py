@@ -1,7 +1,7 @@
 """A step's results before their text, as columns: one row per chunk result (and per stream's final),
 its new tokens in flat arrays. What the engine process sends a worker process for the worker's
 streams, one message per step (ipc/service.py), and the worker turns into each stream's StreamResults
-with the stream's DecoderProgress (ipc/client.py): the detokenizing and the result objects are the
+with the stream's DecoderProgress (ipc/engine_client.py): the detokenizing and the result objects are the
 worker's work, not the engine process's, whose one interpreter serves every worker's streams.
 """
 

@@ -185,8 +185,8 @@ class Scheduler:
             return self.latency.figures()
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """No step is scheduled while held: a burst of pushes lands in one step (benchmarks)."""
+    def paused(self) -> Iterator[None]:
+        """No step is scheduled while paused: a burst of pushes lands in one step (benchmarks)."""
         with self._cv:
             yield
 

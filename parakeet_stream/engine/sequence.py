@@ -7,7 +7,7 @@ A Sequence holds state; behaviour lives with its writer.
 - `decoding` (results.py): the decode stage;
 - `outbox` (results.py): the engine publishes results (on the decode thread; a failed step's error on
   the thread of the stage that failed), client threads take them; a stream with a `sink` (an
-  engine service's client, ipc/service.py) gets its results there as rows instead (result_rows.py),
+  engine service's WorkerConnection, ipc/service.py) gets its results there as rows instead (result_rows.py),
   and only errors and queue news in its outbox.
 """
 

@@ -16,8 +16,10 @@ Words used in this package, one meaning each:
 - protocol: an API the server speaks, declared in protocols/ (a `Protocol` entry each, listed in
   protocols/registry.py); session: that protocol's side of one connection (streams/session.py
   and its subclasses).
-- segment: the server's handle on one engine stream (streams/segment.py); a connection runs one
-  (native) or several in turn (streams/segments.py).
+- stream: one client's audio through the engine (the engine's word, engine/__init__.py), named by
+  its id `sid`: the engine's object for it is a Sequence, a door's an EngineStream (streams/stream.py).
+- segment: an EngineStream for one stretch of a connection's audio (`Segment`, streams/segments.py);
+  a connection runs one (native) or several in turn.
 - final: the client's end of input for a segment (`Segment.finalize`, as the engine's).
 - finished: a segment's lifecycle end: its final result delivered, or cancelled.
 - end: a connection's end (`Connection.end(reason)`); then its channel closes.

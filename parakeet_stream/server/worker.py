@@ -9,7 +9,7 @@ import sys
 
 import trio
 
-from ..engine.ipc.client import EngineClient
+from ..engine.ipc.engine_client import EngineClient
 from .cli import build_parser, log_format, run, server_config
 from .context import ServerContext
 from .operations.memory import freeze_startup_objects

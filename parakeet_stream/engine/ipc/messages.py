@@ -1,5 +1,5 @@
 """What an engine process and its clients (server workers) say to each other over one local
-socket (service.py, client.py): msgpack frames, each a 4-byte length then one tagged message.
+socket (service.py, engine_client.py): msgpack frames, each a 4-byte length then one tagged message.
 
 Client -> engine: Open (a stream; answered by Opened or Refused), Audio (packets of many
 streams), Final, Cancel, Ask (a figure; answered by Answer). Engine -> client: Hello (the

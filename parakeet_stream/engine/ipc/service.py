@@ -1,14 +1,15 @@
-"""The engine process's side of the engine client API: one ASREngine served to clients (the
-server's worker processes, client.py) over a Unix socket, in the messages of messages.py.
+"""The engine process's side of the engine client API: one ASREngine served to the server's
+worker processes (each an EngineClient, engine_client.py) over a Unix socket, in the messages of
+messages.py. Each worker that connects is one WorkerConnection here.
 
-Each client gets two threads: one reads its messages and calls the engine (the only work the
+Each worker connection gets two threads: one reads its messages and calls the engine (the only work the
 engine's interpreter does for the audio: a message of many streams' packets decoded, its samples
 checked and viewed, each packet pushed), one sends what the engine has for its streams. A step's
-results for the client's streams come as one ResultRows (`put`, ASREngine.send_rows), sent as one
-Rows message: the client builds the results (text, times) in its own process. Engine listeners
+results for the worker's streams come as one ResultRows (`put`, ASREngine.send_rows), sent as one
+Rows message: the worker builds the results (text, times) in its own process. Engine listeners
 only mark a stream as changed (its queue position, an error); the sending thread collects every
 changed stream's news at once, in the same write.
-A client that goes away (its process died) has its streams cancelled: their slots go to others.
+A worker that goes away (its process died) has its streams cancelled: their slots go to others.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class EngineService:
         self._listener.bind(path)
         os.chmod(path, 0o600)  # this user's processes only
         self._listener.listen()
-        self._clients: list[_Client] = []
+        self._workers: list[WorkerConnection] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, name="engine-service", daemon=True)
 
@@ -54,18 +55,19 @@ class EngineService:
         return self
 
     @property
-    def clients(self) -> int:
+    def workers(self) -> int:
+        """Worker processes connected now."""
         with self._lock:
-            return sum(client.connected for client in self._clients)
+            return sum(worker.connected for worker in self._workers)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
-            clients = list(self._clients)
-        for client in clients:
-            client.close()
+            workers = list(self._workers)
+        for worker in workers:
+            worker.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
@@ -77,14 +79,14 @@ class EngineService:
                 return  # closed
             for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
                 sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
-            client = _Client(self.engine, sock)
+            worker = WorkerConnection(self.engine, sock)
             with self._lock:
-                self._clients = [c for c in self._clients if c.connected] + [client]
-            client.start()
+                self._workers = [w for w in self._workers if w.connected] + [worker]
+            worker.start()
 
 
-class _Client:
-    """One connected client: its streams, its reading and its sending thread."""
+class WorkerConnection:
+    """One connected worker process (its EngineClient): its streams, its reading and its sending thread."""
 
     def __init__(self, engine: ASREngine, sock: socket.socket) -> None:
         self.engine = engine
@@ -106,7 +108,7 @@ class _Client:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
 
-    # -- reading: the client's calls ----------------------------------------------------
+    # -- reading: the worker's calls ----------------------------------------------------
     def _read(self) -> None:
         try:
             self._send(hello(self.engine))
@@ -115,11 +117,11 @@ class _Client:
                     try:
                         self._handle(message)
                     except ValueError as exc:  # a message the engine refuses (e.g. samples not float32): that one only
-                        log.warning("engine client: message refused: %s", exc)
+                        log.warning("engine service: a worker's message refused: %s", exc)
         except ValueError as exc:  # bytes that are no frame: nothing after them can be trusted
-            log.warning("engine client dropped: %s", exc)
-        except OSError as exc:  # the client died
-            log.debug("engine client lost: %r", exc)
+            log.warning("engine service: worker dropped: %s", exc)
+        except OSError as exc:  # the worker died
+            log.debug("engine service: worker lost: %r", exc)
         finally:
             self._gone()
 
@@ -165,16 +167,16 @@ class _Client:
         return engine.healthy()
 
     def _gone(self) -> None:
-        """The client went away: its streams end, their slots go to others."""
+        """The worker went away: its streams end, their slots go to others."""
         self.connected = False
         for sid in list(self._sids):
             self.engine.cancel(sid)
         self._wake.set()
         self.sock.close()
 
-    # -- sending: what the engine has for the client's streams ---------------------------
+    # -- sending: what the engine has for the worker's streams ---------------------------
     def put(self, rows: ResultRows, live: bool) -> None:
-        """A step's results for this client's streams (the decode thread calls it: ASREngine.send_rows)."""
+        """A step's results for this worker's streams (the decode thread calls it: ASREngine.send_rows)."""
         self._rows.append((rows, live, time.monotonic()))
         if self._asleep:
             self._asleep = False

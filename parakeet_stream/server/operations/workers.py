@@ -6,7 +6,7 @@ per worker on each port, bound with SO_REUSEPORT, so that the kernel spreads new
 over the workers (a socket shared by all would let whichever worker wakes first take them all), and
 keeps them, so that connections arriving for a worker being restarted wait in its socket's backlog;
 gRPC's port is shared the way gRPC shares one (SO_REUSEPORT too). A worker
-speaks the protocols with an EngineClient (engine/ipc/client.py) where the in-process server has the
+speaks the protocols with an EngineClient (engine/ipc/engine_client.py) where the in-process server has the
 engine: JSON, base64, resampling, WebSocket framing and gRPC no longer share the engine's
 interpreter lock. Metrics are written by every worker into one folder and read by any of them
 (metrics.py), so /metrics is one view of the whole server.

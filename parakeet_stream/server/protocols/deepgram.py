@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ...engine import StreamResult
     from ..context import ServerContext
     from ..streams.connection import Connection
-    from ..streams.segment import Segment
+    from ..streams.segments import Segment
 
 PATH = "/v1/listen"
 ENCODINGS = {"linear16": "pcm16", "mulaw": "mulaw", "alaw": "alaw"}

@@ -44,7 +44,7 @@ from .flux_turns import Event, Thresholds, TurnTaking
 if TYPE_CHECKING:
     from ...engine import StreamResult
     from ..streams.connection import Connection
-    from ..streams.segment import Segment
+    from ..streams.segments import Segment
 
 PATH = "/v2/listen"
 # Deepgram's documented ranges and defaults

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ...engine import StreamResult
     from ..context import ServerContext
     from ..streams.connection import Connection
-    from ..streams.segment import Segment
+    from ..streams.segments import Segment
     from ..transport.tcp import TcpChannel
 
 # 3: results carry `words`; 4: start takes `phrases`, hello and started echo them; 5: start takes

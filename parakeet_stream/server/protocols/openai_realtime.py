@@ -34,7 +34,7 @@ from .openai_events import (SCHEMA, TRANSCRIPTION_PATH, Append, Clear, Commit, S
 if TYPE_CHECKING:
     from ...engine import StreamResult
     from ..streams.connection import Connection
-    from ..streams.segment import Segment
+    from ..streams.segments import Segment
 
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 SERVER_ERRORS = {"inference_error", "internal_error"}
@@ -141,7 +141,7 @@ class OpenAIRealtimeSession(Session):
     def _commit(self) -> None:
         segments = self.segments
         match segments.state:
-            case State.DRAINING if segments.holding:
+            case State.DRAINING if segments.audio_waiting:
                 item = Item(item_id(), start=0.0)  # it starts where its segment opens
                 self._commit_item(item)
                 self._waiting.append(item)
@@ -166,7 +166,7 @@ class OpenAIRealtimeSession(Session):
         segments = self.segments
         match segments.state:
             case State.DRAINING:
-                segments.drop_held()
+                segments.drop_waiting_audio()
             case State.OPEN:
                 segments.discard()
                 self._item = None

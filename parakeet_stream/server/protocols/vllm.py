@@ -25,7 +25,7 @@ from ..transport.codes import ProtocolError
 if TYPE_CHECKING:
     from ...engine import StreamResult
     from ..streams.connection import Connection
-    from ..streams.segment import Segment
+    from ..streams.segments import Segment
 
 # our codes -> the names vLLM's realtime server uses for the same failures
 VLLM_CODES = {
@@ -110,7 +110,7 @@ class VllmRealtimeSession(Session):
         """Without `final`, a start marker (opens the segment); with it, the end of the utterance."""
         segments = self.segments
         if segments.state is State.DRAINING:  # then it ends the audio waiting behind the segment
-            if final and segments.holding:
+            if final and segments.audio_waiting:
                 segments.defer(functools.partial(self._commit, True))
             return
         segment = segments.current or segments.open()

@@ -52,6 +52,7 @@ class Connection:
         self._outbox: deque[bytes] = deque()
         self.outbox_bytes = 0
         self._sent = Wakeup()  # the writer sent what the outbox held
+        self._delivering = False  # the writer is posting the engine's news: it sends next, no wake-up needed
         self._nursery: trio.Nursery | None = None
         self._reader_scope = trio.CancelScope()
         self._idle_scope = trio.CancelScope()
@@ -99,7 +100,7 @@ class Connection:
     def post(self, message: dict) -> None:
         """Queue a message for the client, after those posted before (none once the connection ends)."""
         if self.end_reason is None:
-            if not self._outbox:  # else the writer is on its way
+            if not self._outbox and not self._delivering:  # else the writer is on its way
                 self.segments.changed.set()
             data = wire.dumps(message)
             self._outbox.append(data)
@@ -126,7 +127,7 @@ class Connection:
             yield
         except ChannelClosed:  # the client left: done, or in the middle of a segment
             self._peer_gone = True
-            self.end("completed" if self.segments.state is State.IDLE and not self.segments.holding else "vanished")
+            self.end("completed" if self.segments.state is State.IDLE and not self.segments.audio_waiting else "vanished")
         except SlowConsumer:
             self.end("slow_consumer")
         except ProtocolError as exc:
@@ -164,7 +165,8 @@ class Connection:
                     self.answer(exc)
                 handled += 1
             frame = self.channel.receive_buffered() if handled < MAX_BATCH_MESSAGES else None
-        self.segments.flush()
+        if (segment := self.segments.current) is not None:  # the batch's audio to the engine at once
+            segment.flush()
         await self._rate.spend(max(units, handled))
         while self.outbox_bytes > OUTBOX_BYTES:  # the client does not read what it is sent
             await self._sent.wait()
@@ -182,10 +184,13 @@ class Connection:
         with self._ends_on_errors():
             while True:
                 await self.segments.changed.wait()
+                self._delivering = True
                 try:
                     self.session.deliver()
                 except ProtocolError as exc:  # met in an action that waited for the next segment
                     self.answer(exc)
+                finally:
+                    self._delivering = False
                 await self._flush()
 
     async def _flush(self) -> None:

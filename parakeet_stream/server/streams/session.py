@@ -16,12 +16,11 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..transport.codes import error_body
-from .segments import Segments
+from .segments import Segment, Segments
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
     from .connection import Connection
-    from .segment import Segment
 
 
 class Session:

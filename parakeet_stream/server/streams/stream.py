@@ -1,13 +1,14 @@
 """EngineStream: one client audio stream through the engine, as every door holds it.
 
-The one place for what each door needs around the engine's stream API (engine/ipc/client.py or the
+The one place for what each door needs around the engine's stream API (engine/ipc/engine_client.py or the
 ASREngine itself): the audio received but not pushed yet (one contiguous buffer: a queued stream
 holds one bytearray, never one object per message), pushes of at least MIN_PUSH_SECONDS once it
-holds a slot, the budget of audio held unencoded (here and in the engine), the time limit,
+holds a slot, the budget of audio not yet consumed (here and in the engine), the time limit,
 admission, collecting results (which say how much audio the engine consumed), and release. It
 neither waits nor knows an event loop: the door passes `wake`, which the engine's side calls (from
 another thread) on every result and queue change, and waits its own way (trio for the WebSocket and
-TCP doors and the file feed, asyncio for gRPC).
+TCP doors and the file feed, asyncio for gRPC). A WebSocket or TCP connection's Segment
+(segments.py) is an EngineStream, with what the connection counts in it.
 """
 from __future__ import annotations
 
@@ -56,14 +57,14 @@ class EngineStream:
         return self.pushed_samples + self.pending_samples
 
     @property
-    def held_samples(self) -> int:
+    def unconsumed_samples(self) -> int:
         """Audio taken that the engine has not consumed yet (pending here or in the engine)."""
         return max(0, self.pushed_samples - self.consumed_samples) + self.pending_samples
 
     @property
     def room(self) -> int:
         """Samples it may take now within its budget."""
-        return self.budget - self.held_samples
+        return self.budget - self.unconsumed_samples
 
     def position(self) -> int:
         """In the waiting queue (0: admitted)."""

@@ -15,10 +15,14 @@ class Wakeup:
         self._event.set()
 
     def set_threadsafe(self) -> None:
-        """For engine listeners: cheap, never blocks, safe after trio has exited."""
+        """For engine listeners: cheap, never blocks, safe after trio has exited. It sets the event
+        of now in trio's thread: if `wait` replaces it first, that wait was woken by an earlier set
+        and its caller looks at what is new after this call (made after the news), so nothing is
+        missed."""
         with contextlib.suppress(trio.RunFinishedError):
-            self._token.run_sync_soon(self.set)
+            self._token.run_sync_soon(self._event.set)
 
     async def wait(self) -> None:
+        """Until set (at once if it was set since the last wait)."""
         await self._event.wait()
-        self._event = trio.Event()
+        self._event = trio.Event()  # before the caller looks at what is new (see set_threadsafe)

@@ -3,8 +3,8 @@ server's worker processes. The server's doors call it as they call an ASREngine:
 methods, the same errors, listeners called from another thread (here the reading thread).
 
 Audio, finals and cancels are sent and not answered; every message leaves from a sending thread,
-in order, and audio packets queued together leave as one Audio message. A stream's audio is held
-here until it makes a chunk ready (the engine can do nothing with less: `_Held`), so that the
+in order, and audio packets queued together leave as one Audio message. A stream's audio is kept
+back here until it makes a chunk ready (its `_ChunkGate`: the engine can do nothing with less), so that the
 engine process takes one packet per chunk however small the client's packets (20 ms from many
 voice-agent frameworks: eight times fewer). A step's results for this process's streams come as
 one Rows message and are built here, each stream's text and times with its own DecoderProgress
@@ -61,8 +61,9 @@ AUDIO_BYTES = 4 << 20
 QUEUE_BYTES = 16 << 20
 
 
-class _Held:
-    """A stream's samples not sent yet, until they make its next chunk ready (Inbox's rule)."""
+class _ChunkGate:
+    """A stream's samples kept back, not sent yet, until they make its next chunk ready (Inbox's
+    rule); then all of them go through at once."""
 
     def __init__(self, first: int, more: int) -> None:
         self.packets: list[np.ndarray] = []
@@ -70,7 +71,7 @@ class _Held:
         self.next_ready, self.more = first, more
 
     def add(self, samples: np.ndarray) -> np.ndarray | None:
-        """Everything held, once `samples` made a chunk ready; else None."""
+        """Everything kept back, once `samples` made a chunk ready; else None."""
         self.packets.append(samples)
         self.pushed += samples.size
         if self.pushed < self.next_ready:
@@ -79,7 +80,7 @@ class _Held:
         return self.rest()
 
     def rest(self) -> np.ndarray | None:
-        """Everything held (None: nothing): what the stream's final needs."""
+        """Everything kept back (None: nothing): what the stream's final needs."""
         packets, self.packets = self.packets, []
         if len(packets) > 1:
             return np.concatenate(packets)
@@ -93,7 +94,7 @@ class _Stream:
     decoding: DecoderProgress | None = None  # its results' progress, built here from the engine's Rows
     final: bool = False  # the client's final was sent
     failed: bool = False
-    held: _Held | None = None  # None: every packet is sent as pushed
+    gate: _ChunkGate | None = None  # None: every packet is sent as pushed
 
 
 class EngineClient:
@@ -156,7 +157,7 @@ class EngineClient:
         if stream is not None:  # (before its first audio: no result of it yet)
             stream.decoding = DecoderProgress(self.info.tokenizer, self._languages.resolve(language))
             if mode in self.info.ready_samples:
-                stream.held = _Held(*self.info.ready_samples[mode])
+                stream.gate = _ChunkGate(*self.info.ready_samples[mode])
         return answer.sid
 
     def queue_position(self, sid: int) -> int:
@@ -169,14 +170,14 @@ class EngineClient:
         if stream.final:
             raise EngineError("stream_closed", "audio after the end of the stream")
         samples = check_samples(np.asarray(samples, dtype=np.float32))
-        if samples.size and (samples := samples if stream.held is None else stream.held.add(samples)) is not None:
+        if samples.size and (samples := samples if stream.gate is None else stream.gate.add(samples)) is not None:
             self._send((sid, samples))
 
     def finalize(self, sid: int) -> None:
         stream = self._stream(sid)
         if not stream.final:
             stream.final = True
-            if stream.held is not None and (rest := stream.held.rest()) is not None:
+            if stream.gate is not None and (rest := stream.gate.rest()) is not None:
                 self._send((sid, rest))
             self._send(Final(sid))
 
