@@ -19,7 +19,7 @@ functions are on the path. Calls that do not carry the message (checks, metrics,
 other loop, a word tracker) are left out of the path; `all package calls` counts every call of
 the package while 20 messages and their results go by, for comparison.
 
-    PYTHONPATH=. .venv/bin/python scripts/message_path.py [weights/demo]
+    .venv/bin/python -m benchmarks.message_path [weights/demo]
 
 (PACKAGE_ROOT=<folder> counts another copy of the package, imported from there.)
 """
