@@ -54,6 +54,8 @@ class SortformerState:
 
 def _gather(x: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """x [B, T, C] at idx [B, L] (clamped into range), zero where not valid -> [B, L, C]."""
+    if x.size(1) == 0:  # an empty FIFO (fifo_len 0)
+        return x.new_zeros(x.size(0), idx.size(1), x.size(2))
     idx = idx.clamp(0, x.size(1) - 1).expand(x.size(0), -1).unsqueeze(-1).expand(-1, -1, x.size(2))
     return torch.gather(x, 1, idx) * valid.unsqueeze(-1).to(x.dtype)
 
