@@ -170,9 +170,9 @@ def test_each_stages_graphs_are_captured_on_the_stream_that_replays_them(nemotro
     stages = {"pre-encode": [runner.pre_encoders], "encode": [runner.encoders],
               "decode": [runner.decoders, runner.beam_decoders]}
     for stage, groups in stages.items():
-        stream = runner.streams.stream(stage)
+        stream = runner.cuda_streams.stream(stage)
         assert all(static.stream is stream and static._graphs for group in groups for static in group.values()), stage
-    assert len({runner.streams.stream(stage).cuda_stream for stage in stages}) == 3
+    assert len({runner.cuda_streams.stream(stage).cuda_stream for stage in stages}) == 3
 
 
 def test_auto_sizing_fits_after_every_graph_is_captured(eou_model):

@@ -42,7 +42,7 @@ class ASREngine:
         self.scheduler, self.runner, self.results, self.info = parts.scheduler, parts.runner, parts.results, parts.info
         self.lookahead_modes, self.default_lookahead = self.modes.served, self.modes.default
         self._label_priors = LabelPriors(self.model.decoder.label_prior)
-        self.pipeline = route(self.device, self.config.threads, self.step_stages(), self.runner.streams.enter,
+        self.pipeline = route(self.device, self.config.threads, self.step_stages(), self.runner.cuda_streams.enter,
                               schedule=self.scheduler.schedule, deliver=self._deliver, fail=self._fail)
         self._whole_step = Stage("step", tuple(self.step_stages()))
         self._seqs: dict[int, Sequence] = {}

@@ -58,22 +58,22 @@ class BeamCommits:
         has no say in what is agreed (and leaves the beam where it disagrees with what is committed);
         eou: the end-of-utterance label (None: the model has none)."""
         self.beam, self.max_lag, self.margin, self.eou = beam, max_lag_frames, margin, eou
-        self.streams: dict[int, Written] = {}
+        self.written: dict[int, Written] = {}
 
     def start(self, slot: int, beams: bool) -> None:
         """The stream at `slot` starts: with `beams`, one hypothesis, nothing written; without, the
         slot's last stream (perhaps cancelled) is forgotten."""
-        self.streams.pop(slot, None)
+        self.written.pop(slot, None)
         if beams:
-            self.streams[slot] = Written([[] for _ in range(self.beam)], [k == 0 for k in range(self.beam)])
+            self.written[slot] = Written([[] for _ in range(self.beam)], [k == 0 for k in range(self.beam)])
 
     def __contains__(self, slot: int) -> bool:
-        return slot in self.streams
+        return slot in self.written
 
     def take(self, slot: int, packed: np.ndarray, frames: int) -> Committed:
         """packed: the stream's row of BeamPass.packed() on the host [K, HEAD + 3 L]; frames: the
         chunk's encoder frames. -> what is committed by this chunk."""
-        w = self.streams[slot]
+        w = self.written[slot]
         base, width = w.frames, (packed.shape[1] - HEAD) // 3
         count, origin, greedy = packed[:, 0], packed[:, 1], packed[:, 5].astype(bool)
         score, final, eou, context = (packed[:, k].view(np.float32) for k in (2, 3, 4, 6))
@@ -119,7 +119,7 @@ class BeamCommits:
     def finish(self, slot: int) -> list[Label]:
         """The stream ended: the rest of its best hypothesis by final score, frames relative to the
         end of what was decoded (negative)."""
-        w = self.streams.pop(slot)
+        w = self.written.pop(slot)
         alive = [k for k in range(self.beam) if w.alive[k]]
         if not w.final or not alive:
             return []

@@ -67,7 +67,7 @@ class ModelRunner:
         self.prompts = self._prompt_pool(slots)
         self.fronts = chunker.FrontEnds(model.features, slots)
         self._frames_by_end: dict[Lookahead, np.ndarray] = {}
-        self.streams = StageStreams(self.device, STAGES)
+        self.cuda_streams = StageStreams(self.device, STAGES)
         self.pre_encoders: dict[Lookahead, StaticBatches] = {}
         self.encoders: dict[Lookahead, StaticBatches] = {}
         self.decoders: dict[Lookahead, StaticBatches] = {}
@@ -115,7 +115,7 @@ class ModelRunner:
         live = [item for item in step if item.live]
         samples = take_step_samples([item.seq.inbox for item in live], [item.samples_upto for item in live])
         step.batches = sorted(self._pre_encoded(step, live, samples) if live else [], key=attrgetter("round"))
-        self.streams.hand_on(step, "encode")
+        self.cuda_streams.hand_on(step, "encode")
 
     def _pre_encoded(self, step: Step, live: list[StepItem], samples: list[np.ndarray]) -> list[Batch]:
         """The step's batches: every stream's new frames at once, then each mode's chunks cut and
@@ -132,7 +132,7 @@ class ModelRunner:
             if windows is None:
                 continue
             x = self._subsample(mode, windows)
-            self.streams.mark(step, "pre-encode", len(windows.owner), mode)
+            self.cuda_streams.mark(step, "pre-encode", len(windows.owner), mode)
             items = [live[k] for k in windows.owner.tolist()]
             bounds = [0, *(np.flatnonzero(np.diff(windows.round)) + 1).tolist(), len(items)]
             slots_at = rows.slots[windows.owner]
@@ -141,35 +141,35 @@ class ModelRunner:
         return batches
 
     def encode(self, step: Step) -> None:
-        self.streams.follow(step)
+        self.cuda_streams.follow(step)
         first = [item for item in step if item.first and item.live]
         if first:
             slots = self._index([item.slot for item in first])
             self.cache.reset(slots)
             if self.prompts is not None:  # in place: the captured graphs read the pool
                 self.prompts[slots] = self._index([item.seq.prompt for item in first])
-            self.streams.mark(step, "encoder cache reset", len(first))
+            self.cuda_streams.mark(step, "encoder cache reset", len(first))
         for batch in step.batches:
             static = self.encoders.get(batch.mode)
             args = (batch.x, batch.lengths, batch.slots)
             batch.encoded = static(*args) if static else self._layers(*args, mode=batch.mode)
-            self.streams.mark(step, "encode", len(batch.items), batch.mode)
-        self.streams.hand_on(step, "decode")
+            self.cuda_streams.mark(step, "encode", len(batch.items), batch.mode)
+        self.cuda_streams.hand_on(step, "decode")
 
     def decode(self, step: Step) -> None:
         """One pass per batch, so every chunk gets its own tokens, as NeMo's steps do: greedy for the
         streams without phrases, the beam search for those with."""
-        self.streams.follow(step)
+        self.cuda_streams.follow(step)
         first = [item for item in step if item.first and item.live]
         if first:
             self.decoder_state.reset(self._index([item.slot for item in first]))
             for item in first:
                 self.boost.load(item.slot, item.seq.boosting)
             self._start_beams(first)
-            self.streams.mark(step, "decoder state reset", len(first))
+            self.cuda_streams.mark(step, "decoder state reset", len(first))
         for _, batches in groupby(step.batches, key=attrgetter("round")):
             self._decode_round(step, list(batches))
-        if self.commits.streams:  # no loop over the step where no stream has phrases
+        if self.commits.written:  # no loop over the step where no stream has phrases
             for item in step:
                 if item.last and item.live and item.slot in self.commits:
                     item.final_tokens = self.commits.finish(item.slot)
@@ -185,7 +185,7 @@ class ModelRunner:
                 passes.append((batch.mode, batch.encoded, batch.lengths, batch.slots))
                 packed.append(self._decode_greedy(*passes[-1]))
                 plain.append(batch.items)
-                self.streams.mark(step, "greedy", len(batch.items), batch.mode)
+                self.cuda_streams.mark(step, "greedy", len(batch.items), batch.mode)
                 continue
             self._decode_beams(batch, np.flatnonzero(boosted), slots)
             if not boosted.all():
@@ -193,7 +193,7 @@ class ModelRunner:
                 passes.append((batch.mode, *self._rows(batch, rows)))
                 packed.append(self._decode_greedy(*passes[-1]))
                 plain.append([batch.items[r] for r in rows])
-            self.streams.mark(step, "greedy and beams", len(batch.items), batch.mode)
+            self.cuda_streams.mark(step, "greedy and beams", len(batch.items), batch.mode)
         for items, rows in zip(plain, self._finish(passes, self._fetch(packed))):
             for item, found, eou in zip(items, unpack_scored(rows), eou_probabilities(rows)):
                 item.tokens.append(found)
@@ -312,7 +312,7 @@ class ModelRunner:
         stage are captured on its stream and share one memory pool (a stage's replays never overlap: they run
         on its one stream; cuda_graphs.py says why the stream matters)."""
         cuda = self.device.type == "cuda"
-        lanes = {stage: {"pool": torch.cuda.graph_pool_handle(), "stream": self.streams.stream(stage)} if cuda else {}
+        lanes = {stage: {"pool": torch.cuda.graph_pool_handle(), "stream": self.cuda_streams.stream(stage)} if cuda else {}
                  for stage in STAGES}
         d, scratch, n_mels = self.model.cfg.encoder.d_model, self.slots, self.model.cfg.features.n_mels
         # Fine sizes for the plain batches of the main mode (most streams); the other modes' batches and
