@@ -133,18 +133,25 @@ class Framer:
         return HEADER.pack(len(body)) + body
 
     def feed(self, data: bytes | memoryview) -> list:
-        """The messages completed by `data` (bytes read from the socket), in order."""
-        self._buffer += data
-        out, start, buffer = [], 0, self._buffer
-        with memoryview(buffer) as view:
-            while len(buffer) - start >= HEADER.size:
-                (size,) = HEADER.unpack_from(buffer, start)
+        """The messages completed by `data` (bytes read from the socket), in order. The whole frames
+        of a read that starts on a frame are decoded where they were read (the decoder copies what
+        it keeps): only a frame split across reads is gathered in the buffer."""
+        if self._buffer:
+            self._buffer += data
+            data = self._buffer
+        out, start = [], 0
+        with memoryview(data) as view:
+            while len(view) - start >= HEADER.size:
+                (size,) = HEADER.unpack_from(view, start)
                 if size > MAX_FRAME:
                     raise ValueError(f"a frame of {size} bytes")
                 end = start + HEADER.size + size
-                if end > len(buffer):
+                if end > len(view):
                     break
                 out.append(self._decoder.decode(view[start + HEADER.size:end]))
                 start = end
-        del buffer[:start]
+            if data is not self._buffer and start < len(view):
+                self._buffer += view[start:]
+        if data is self._buffer:
+            del self._buffer[:start]
         return out
