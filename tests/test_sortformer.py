@@ -18,6 +18,8 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file
 
+from parakeet_stream.model.config import UnsupportedModel
+from parakeet_stream.model.convert import ConvertError
 from parakeet_stream.model.sortformer import Sortformer
 from parakeet_stream.model.sortformer_streaming import StreamingSortformer, stream_features
 
@@ -118,3 +120,13 @@ def test_parity_sees_the_cache_rules(model, reference, features, change):
     worst = max((stream_features(run, [features[w]])[0] - reference[f"{setting}/{mode}/{w}"]).abs().max().item()
                 for w in features)
     assert worst > 100 * ATOL
+
+
+def test_a_file_that_is_no_diarizer_is_refused_with_the_reason(tmp_path):
+    (tmp_path / "notes.nemo").write_text("not an archive")
+    with pytest.raises(ConvertError, match="not a .nemo archive"):
+        Sortformer.from_nemo(tmp_path / "notes.nemo")
+    with pytest.raises(ConvertError, match="no such file"):
+        Sortformer.from_nemo(tmp_path / "missing.nemo")
+    with pytest.raises(UnsupportedModel, match="dw_striding"):  # a recogniser, not a diarizer
+        Sortformer.from_nemo(NEMO / "eou_tiny.nemo")

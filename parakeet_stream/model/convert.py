@@ -86,8 +86,9 @@ def _few(keys: list[str]) -> str:
     return "none" if not keys else ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
 
 
-def read_nemo(path: Path) -> tuple[dict, dict[str, torch.Tensor], bytes]:
-    """(model_config, state_dict, tokenizer bytes) from a .nemo archive."""
+def read_nemo(path: Path, tokenizer: bool = True) -> tuple[dict, dict[str, torch.Tensor], bytes]:
+    """(model_config, state_dict, tokenizer bytes) from a .nemo archive (no tokenizer read, b"",
+    where `tokenizer` is False: a model without one, the speaker diarizer)."""
     if not path.is_file():
         raise ConvertError(f"{path}: no such file")
     try:
@@ -95,14 +96,14 @@ def read_nemo(path: Path) -> tuple[dict, dict[str, torch.Tensor], bytes]:
             members = {m.name.removeprefix("./"): m for m in tar.getmembers() if m.isfile()}
             cfg = yaml.safe_load(_member(tar, members, "model_config.yaml", path))
             weights = _member(tar, members, "model_weights.ckpt", path, progress=True)
-            tokenizer = _member(tar, members, _tokenizer_name(cfg, members), path)
+            tokens = _member(tar, members, _tokenizer_name(cfg, members), path) if tokenizer else b""
     except tarfile.TarError:
         raise ConvertError(f"{path}: not a .nemo archive (not a tar file)") from None
     try:
         state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad checkpoint
         raise ConvertError(f"{path}: model_weights.ckpt is not a plain tensor checkpoint ({type(exc).__name__})") from None
-    return cfg, state.get("state_dict", state), tokenizer
+    return cfg, state.get("state_dict", state), tokens
 
 
 def _tokenizer_name(cfg: dict, members: dict) -> str:

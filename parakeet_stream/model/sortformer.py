@@ -9,20 +9,18 @@ NeMo's, so a `.nemo` checkpoint loads with only the conformer's q/k/v fused.
 
 from __future__ import annotations
 
-import io
 import math
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 from torch import nn
 from torch.nn import functional as F
 
 from .attention import relative_positions
 from .config import EncoderConfig, FeatureConfig, UnsupportedModel, _features_from_nemo
 from .conformer import ConformerLayer
+from .convert import read_nemo
 from .features import LogMelFeatures
 
 MASK_VALUE = -10000.0  # NeMo's additive mask of padded keys in the Transformer encoder
@@ -266,23 +264,10 @@ class Sortformer(nn.Module):
 
     @classmethod
     def from_nemo(cls, path: str | Path) -> "Sortformer":
-        cfg_dict, state = read_nemo(Path(path))
+        cfg_dict, state, _ = read_nemo(Path(path), tokenizer=False)
         model = cls(SortformerConfig.from_nemo(cfg_dict))
         model.load_state_dict(map_state_dict(state, model.cfg.encoder.n_layers))
         return model.eval()
-
-
-def read_nemo(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(model_config, state_dict) of a .nemo archive; weights only through torch.load(weights_only=True)."""
-    with tarfile.open(path, "r:*") as tar:
-        members = {m.name.removeprefix("./"): m for m in tar.getmembers() if m.isfile()}
-        for name in ("model_config.yaml", "model_weights.ckpt"):
-            if name not in members:
-                raise UnsupportedModel(f"{path}: not a .nemo archive (no {name})")
-        cfg = yaml.safe_load(tar.extractfile(members["model_config.yaml"]).read())
-        weights = tar.extractfile(members["model_weights.ckpt"]).read()
-    state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
-    return cfg, state.get("state_dict", state)
 
 
 def map_state_dict(nemo: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
