@@ -161,4 +161,9 @@ def report(rec: Recorder) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(run, sys.argv[1] if len(sys.argv) > 1 else "weights/demo")
+    from parakeet_stream.model.errors import ModelNotFound
+
+    try:
+        trio.run(run, sys.argv[1] if len(sys.argv) > 1 else "weights/demo")
+    except ModelNotFound as exc:
+        raise SystemExit(f"message_path: {exc}") from None
