@@ -85,24 +85,27 @@ class LogMelFeatures(nn.Module):
         a = self.cfg.preemph
         if a:  # y[n] = x[n] - a x[n-1]: each segment's first sample follows its stream's previous one
             x = torch.cat((x[:1], x[1:] - a * x[:-1]))
-        return x.unfold(0, self.cfg.n_fft, self.cfg.hop_length).index_select(0, rows.long())
+        return x.unfold(0, self.cfg.n_fft, 1).index_select(0, rows.long())
 
     def pack(self, segments: list[Segment]) -> tuple[np.ndarray, int]:
-        """The host's part of `frames`: every segment's raw samples, laid out so that each one's
-        first frame starts at a multiple of hop (its previous sample just before it, the space
-        between segments zeros): every frame is then a row of one strided view. Then the frames'
-        rows in that view (int32 bits). Returns (packed, number of frames)."""
-        hop = self.cfg.hop_length
-        sizes = np.array([sum(piece.size for piece in pieces) for pieces, _ in segments], dtype=np.int64)
-        counts = np.array([count for _, count in segments], dtype=np.int64)
+        """The host's part of `frames`: every segment's raw samples end to end, then where each
+        frame starts among them (int32 bits): segment k's frame j at its start + 1 + j * hop, a row
+        of one stride-1 view. Returns (packed, number of frames)."""
+        pieces, starts, counts, at = [], [], [], 0
+        for parts, count in segments:
+            if count:
+                starts.append(at)
+                counts.append(count)
+                for piece in parts:
+                    pieces.append(piece)
+                    at += piece.size
+        if not counts:
+            return np.zeros(0, np.float32), 0
+        counts = np.array(counts, np.int64)
         total = int(counts.sum())
-        spans = -(-sizes // hop)  # each segment (its previous sample first) in whole hops
-        first = hop - 1 + np.cumsum(spans * hop) - spans * hop  # where each segment's previous sample lands
-        rows = np.repeat((first + 1) // hop, counts) + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-        zeros = np.zeros(hop, np.float32)
-        pieces = [zeros[:-1]]
-        for (parts, _), size, span in zip(segments, sizes.tolist(), spans.tolist()):
-            pieces += [*parts, zeros[: span * hop - size]]
+        first = np.cumsum(counts) - counts
+        rows = np.repeat(np.array(starts, np.int64) + 1 - first * self.cfg.hop_length, counts) + \
+            np.arange(total) * self.cfg.hop_length
         return np.concatenate((*pieces, rows.astype(np.int32).view(np.float32))), total
 
     def num_frames(self, n_samples: int) -> tuple[int, int]:
