@@ -13,6 +13,7 @@ packets in real time from one driver thread (as a server's protocol thread would
 
     python -m benchmarks.host --streams 256 512 1024 2048          # results/bench_host.json
     python -m benchmarks.host --streams 1024 --lockstep 30 --device-ms 0,0   # host time per stage
+    python -m benchmarks.host --streams 1024 --lockstep 30 --device-ms 0,0 --tensors meta   # as a GPU's host
     python -m benchmarks.host --streams 512 1024 --service   # the streams from another process
     python -m benchmarks.host --streams 1024 --service --packet-ms 20,20   # 20 ms packets
 
@@ -27,6 +28,12 @@ a level holds when the last third's p95 is within the target and not above the f
 two chunks: all streams start at once, and admission lets a burst in a step at a time), the
 capacity admission saw, steps a second and chunks per step, the stages' wall milliseconds per
 step, and the process's CPU microseconds per chunk. `--device-ms A,B` sets the step's time model.
+
+By default the engine's tensors are on the CPU, so their operations (cutting the chunks' mel rows,
+laying a step out, keeping each slot's frames) run on the host and count as host time, which on a
+GPU they are not: there each is a launch of a few microseconds, whatever the batch. `--tensors meta`
+puts them on PyTorch's meta device (shapes without data), where an operation costs its dispatch
+alone: the host's share of a GPU server, closer than the CPU's.
 """
 
 from __future__ import annotations
@@ -64,10 +71,14 @@ TOKEN = 5  # what the decode stand-in emits: one token per chunk
 
 
 class StandIn:
-    """One device: a stage's call waits `SHARE[stage] * (fixed + per_row * rows)` ms, one call at a time."""
+    """One device: a stage's call waits `SHARE[stage] * (fixed + per_row * rows)` ms, one call at a time.
+    `tensors`: where the engine's tensors live: `cpu` (every tensor operation runs on the host, as on
+    a CPU server) or `meta` (shapes without data: an operation costs its dispatch alone, as a GPU's
+    asynchronous launch costs the host)."""
 
-    def __init__(self, fixed_ms: float, per_row_ms: float):
+    def __init__(self, fixed_ms: float, per_row_ms: float, tensors: str = "cpu"):
         self.fixed, self.per_row = fixed_ms / 1000, per_row_ms / 1000
+        self.tensors = tensors
         self.lock = threading.Lock()
 
     def wait(self, stage: str, rows: int) -> None:
@@ -76,18 +87,19 @@ class StandIn:
 
     def install(self, runner: ModelRunner) -> None:
         model, d = runner.model, runner.model.cfg.encoder.d_model
-        n_mels = model.cfg.features.n_mels
+        n_mels, on = model.cfg.features.n_mels, self.tensors
 
         def frames(segments):  # the samples packed on the host as on a GPU; the frames cut there
-            return torch.empty(model.features.pack(segments)[1], 0)
+            return torch.empty(model.features.pack(segments)[1], 0, device=on)
 
         def mel(frames):  # part of pre-encode's device time
-            return torch.zeros(frames.size(0), n_mels)
+            return torch.zeros(frames.size(0), n_mels, device=on)
 
         def pre_encode(feats, lengths, start, mode):
             self.wait("pre-encode", feats.size(0))
             spec = model.encoder.chunk_spec(mode)
-            return torch.zeros(feats.size(0), spec.out_frames, d), torch.full((feats.size(0),), spec.out_frames)
+            return (torch.zeros(feats.size(0), spec.out_frames, d, device=on),
+                    torch.full((feats.size(0),), spec.out_frames, device=on))
 
         def layers(x, lengths, slots, mode, fixed=False):
             self.wait("encode", x.size(0))
@@ -109,7 +121,8 @@ class StandIn:
 def stand_in_engine(folder: Path, n: int, device: StandIn, **options) -> Iterator[ASREngine]:
     """The engine for `n` streams of 160 ms chunks, its stages on threads of their own as on a GPU,
     the model's arithmetic replaced by `device`."""
-    engine = ASREngine(folder, "cpu", max_num_streams=n, max_queue=n, max_batch=n, lookahead=(70, 1), threads=1,
+    precision = {"dtype": "float32"} if device.tensors == "meta" else {}  # (no arithmetic to check on meta)
+    engine = ASREngine(folder, device.tensors, **precision, max_num_streams=n, max_queue=n, max_batch=n, lookahead=(70, 1), threads=1,
                        calibrate=False, **options)
     device.install(engine.runner)
     calibrate(engine)  # the stand-in's step cost, as a server measures its model's at start-up
@@ -271,6 +284,9 @@ def main() -> None:
                     help="real-time levels driven from another process through the engine service")
     ap.add_argument("--packet-ms", type=packet_ms, default="20,160",
                     help="real-time levels: each stream's packets, LO,HI ms (one size per stream, drawn between them)")
+    ap.add_argument("--tensors", choices=("cpu", "meta"), default="cpu",
+                    help="where the engine's tensors live: cpu (their operations run on the host) or meta "
+                         "(an operation costs only its dispatch, as a GPU's launch does)")
     ap.add_argument("--drive", metavar="SOCKET", help=argparse.SUPPRESS)  # --service's child
     ap.add_argument("--out", type=Path, default=RESULTS / "bench_host.json")
     args = ap.parse_args()
@@ -284,18 +300,18 @@ def main() -> None:
         convert(str(ROOT / "tests/fixtures/nemo/nemotron_tiny.nemo"), folder)
         for n in args.streams:
             if args.lockstep:
-                runs.append(lockstep(folder, n, args.lockstep, StandIn(fixed, per_row)))
+                runs.append(lockstep(folder, n, args.lockstep, StandIn(fixed, per_row, args.tensors)))
             else:
-                runs.append(level(folder, n, args.seconds, StandIn(fixed, per_row), args.target_ms, args.service,
+                runs.append(level(folder, n, args.seconds, StandIn(fixed, per_row, args.tensors), args.target_ms, args.service,
                                   args.packet_ms))
             print(json.dumps(runs[-1]), flush=True)
     if args.lockstep:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"device_ms": [fixed, per_row], "lockstep": runs}, indent=2))
+        args.out.write_text(json.dumps({"device_ms": [fixed, per_row], "tensors": args.tensors, "lockstep": runs}, indent=2))
         print(f"benchmarks.host: wrote {args.out}")
         return
     held = [r["streams"] for r in runs if r["holds"]]
-    summary = {"device_ms": [fixed, per_row], "target_ms": args.target_ms, "capacity": max(held, default=0), "service": args.service,
+    summary = {"device_ms": [fixed, per_row], "tensors": args.tensors, "target_ms": args.target_ms, "capacity": max(held, default=0), "service": args.service,
                "packet_ms": list(args.packet_ms), "levels": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2))

@@ -124,6 +124,19 @@ def test_the_host_benchmarks_lockstep_makes_each_round_one_step_and_answers_ever
         assert {"MainThread", "pre-encode", "decode"} <= set(threads) and threads["pre-encode"] > 0
 
 
+def test_the_host_benchmark_on_meta_tensors_answers_every_chunk_and_counts_no_tensor_arithmetic(tmp_path):
+    """`--tensors meta`: the engine's tensors hold shapes only, so a step costs the host what a GPU's
+    launches would; every chunk is still cut, decoded and answered."""
+    for tensors in ("cpu", "meta"):
+        out = subprocess.run([sys.executable, *HOST, "--streams", "64", "--lockstep", "3", "--device-ms", "0,0",
+                              "--tensors", tensors, "--out", str(tmp_path / f"{tensors}.json")],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        report = json.loads((tmp_path / f"{tensors}.json").read_text())
+        (level,) = report["lockstep"]
+        assert report["tensors"] == tensors and (level["chunks"], level["steps"]) == (192, 3)
+
+
 def test_the_host_benchmark_through_the_service_counts_the_engine_process_and_its_service_threads(tmp_path):
     """`--service`: the streams come from a child process through the engine client API; every
     chunk is answered there, and the engine process's figures include its service threads."""

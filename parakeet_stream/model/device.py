@@ -46,8 +46,10 @@ def to_device(values: np.ndarray | torch.Tensor, device: torch.device) -> torch.
     """Host values on `device` without the host waiting: on CUDA through pinned memory, the copy
     queued on the current stream (a copy from pageable memory may wait for the stream's work)."""
     host = torch.as_tensor(values)
-    if device.type != "cuda":
+    if device.type == "cpu":
         return host
+    if device.type != "cuda":  # any other backend (and `meta`, the host benchmark's device without arithmetic)
+        return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
 
 
