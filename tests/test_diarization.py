@@ -178,3 +178,90 @@ async def test_native_on_a_server_without_a_diarizer_says_so(plain_engine, dialo
         async with Raw.open(url(ctx, "ws")) as conn:  # the server goes on serving
             await conn.send({"type": "start", "diarize": False})
             await conn.until("started")
+
+
+# -- Deepgram, live and pre-recorded, through the official SDK -----------------------------------
+
+
+def deepgram_client(ctx):
+    from deepgram import DeepgramClient
+    from deepgram.environment import DeepgramClientEnvironment
+
+    port, http = ctx.config.ports["ws"], ctx.config.ports["http"]
+    env = DeepgramClientEnvironment(base=f"http://127.0.0.1:{http}", production=f"ws://127.0.0.1:{port}",
+                                    agent="", agent_rest="")
+    return DeepgramClient(api_key="unused", environment=env)
+
+
+def deepgram_live(ctx, samples: np.ndarray, **params) -> list[dict]:
+    data = (np.round(samples * 32768).clip(-32768, 32767).astype("<i2")).tobytes()
+    with deepgram_client(ctx).listen.v1.connect(model="nova-3", encoding="linear16", sample_rate=16000,
+                                                **params) as socket:
+        for i in range(0, len(data), 3200):
+            socket.send_media(data[i : i + 3200])
+        socket.send_close_stream()
+        return [m.model_dump(exclude_none=True) for m in socket if m.type == "Results"]
+
+
+async def test_deepgram_live_words_carry_the_offline_speaker_and_finals_keep_it(engine, sortformer, dialogue):
+    pytest.importorskip("deepgram")
+    import trio
+
+    probs = offline(sortformer, dialogue)
+    async with running_server(engine) as ctx:
+        messages = await trio.to_thread.run_sync(
+            lambda: deepgram_live(ctx, dialogue, diarize="true", interim_results="true"))
+    finals = [w for m in messages if m["is_final"] for w in m["channel"]["alternatives"][0]["words"]]
+    assert finals and [w["speaker"] for w in finals] == [word_speaker(probs, w["start"], w["end"], 4) for w in finals]
+    final_speaker = {(w["word"], w["start"]): w["speaker"] for w in finals}
+    interims = [w for m in messages if not m["is_final"] for w in m["channel"]["alternatives"][0]["words"]]
+    assert interims and all("speaker" in w for w in interims)
+    complete = [w for w in interims if (w["word"], w["start"]) in final_speaker]
+    assert complete and all(final_speaker[(w["word"], w["start"])] == w["speaker"] for w in complete)
+
+
+async def test_deepgram_prerecorded_words_carry_speaker_and_confidence(engine, sortformer, dialogue):
+    pytest.importorskip("deepgram")
+    import trio
+    from helpers import audio_file
+
+    probs = offline(sortformer, dialogue)
+    async with running_server(engine) as ctx:
+        response = await trio.to_thread.run_sync(lambda: deepgram_client(ctx).listen.v1.media.transcribe_file(
+            request=audio_file(dialogue), diarize=True).model_dump(exclude_none=True))
+    words = response["results"]["channels"][0]["alternatives"][0]["words"]
+    assert words and [w["speaker"] for w in words] == [word_speaker(probs, w["start"], w["end"], 4) for w in words]
+    assert all(0 <= w["speaker_confidence"] <= 1 for w in words)
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "TRUE"])
+async def test_deepgram_refuses_a_diarize_that_is_not_true_or_false(engine, value):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+    import trio
+
+    async with running_server(engine) as ctx:
+        address = f"ws://127.0.0.1:{ctx.config.ports['ws']}/v1/listen?encoding=linear16&sample_rate=16000&diarize={value}"
+
+        def attempt():
+            with pytest.raises(InvalidStatus) as info:
+                connect(address)
+            return info.value.response
+
+        response = await trio.to_thread.run_sync(attempt)
+    assert response.status_code == 400 and b"INVALID_QUERY_PARAMETER" in response.body and b"diarize" in response.body
+
+
+async def test_deepgram_without_a_diarizer_refuses_diarize_and_serves_the_rest(plain_engine, dialogue):
+    pytest.importorskip("deepgram")
+    import trio
+    from deepgram.core.api_error import ApiError
+    from helpers import audio_file
+
+    async with running_server(plain_engine) as ctx:
+        with pytest.raises(ApiError) as error:
+            await trio.to_thread.run_sync(lambda: deepgram_client(ctx).listen.v1.media.transcribe_file(
+                request=audio_file(dialogue), diarize=True))
+        messages = await trio.to_thread.run_sync(lambda: deepgram_live(ctx, dialogue))
+    assert error.value.status_code == 400 and "--diarizer" in str(error.value.body)
+    assert messages and all("speaker" not in w for m in messages for w in m["channel"]["alternatives"][0]["words"])
