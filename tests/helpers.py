@@ -399,9 +399,9 @@ class SpyEngine:
             raise PhraseError(f"a phrase must be at most {MAX_PHRASE_TOKENS} tokens")
         self._engine.check_phrases(phrases)
 
-    def create_stream(self, lookahead=None, bulk=False, phrases=(), language=None) -> int:
+    def create_stream(self, lookahead=None, bulk=False, phrases=(), language=None, diarize=False) -> int:
         self.check_phrases(phrases)
-        sid = self._engine.create_stream(lookahead, bulk, phrases, language)
+        sid = self._engine.create_stream(lookahead, bulk, phrases, language, diarize)
         self.created.append((sid, phrases))
         return sid
 

@@ -65,7 +65,7 @@ async def test_native_start_language_is_echoed_and_carried_by_results(engine, se
         messages = await native(ctx, sentence, kind, language="de")
     started = next(m for m in messages if m["type"] == "started")
     results = [m for m in messages if m["type"] == "result"]
-    assert started["language"] == "de-DE" and started["protocol_version"] == 5
+    assert started["language"] == "de-DE" and started["protocol_version"] == 6
     assert {r["language"] for r in results} == {"de-DE"} and text_of(messages) == texts["de-DE"]
 
 

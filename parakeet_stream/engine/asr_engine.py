@@ -40,6 +40,7 @@ class ASREngine:
         parts = build(self.config)
         self.model, self.device, self.modes, self.languages = parts.model, parts.device, parts.modes, parts.languages
         self.scheduler, self.runner, self.results, self.info = parts.scheduler, parts.runner, parts.results, parts.info
+        self.diarizer = parts.diarizer
         self.lookahead_modes, self.default_lookahead = self.modes.served, self.modes.default
         self._label_priors = LabelPriors(self.model.decoder.label_prior)
         self.pipeline = route(self.device, self.config.threads, self.step_stages(), self.runner.cuda_streams.enter,
@@ -96,15 +97,17 @@ class ASREngine:
 
     # --- streams --------------------------------------------------------------------------
     def create_stream(self, lookahead: Lookahead | None = None, bulk: bool = False,
-                      phrases: tuple[Phrase, ...] = (), language: str | None = None) -> int:
+                      phrases: tuple[Phrase, ...] = (), language: str | None = None, diarize: bool = False) -> int:
         """A new stream (admitted now, or queued). A bulk stream's audio is all there at once (a file):
         it has no deadlines and fills the capacity live streams leave (policy.py), in the longest
         lookahead mode unless `lookahead` says otherwise. `phrases` (phrases.check_phrases) are
         boosted in its decoding; PhraseError where the model cannot take them. `language`: what a
         multilingual model transcribes ("de-DE", "de", "auto"; default: the model's automatic
         language ID), EngineError `unsupported_language` where the model has no such language
-        (languages.py)."""
+        (languages.py). `diarize`: its results carry speakers (diarizer.py), EngineError
+        `diarization_unavailable` on an engine without a diarizer."""
         language = self.languages.resolve(language)
+        check_diarize(self.info, diarize)
         tree = boosting_tree(phrases, self.model.tokenizer, self._label_priors)
         if lookahead is not None:
             mode = self.modes.check(lookahead)
@@ -120,6 +123,7 @@ class ASREngine:
             bulk=bulk,
             boosting=tree,
             prompt=None if language is None else self.model.cfg.prompt.index(language),
+            diarize=diarize,
         )
         with self._lock:
             self._seqs[sid] = seq
@@ -244,12 +248,15 @@ class ASREngine:
         admitted), then publish. The runner's stages are looked up at each step, so replacing one
         (fault injection) works."""
         runner = self.runner
-        return [
+        stages = [
             ("pre-encode", lambda step: runner.pre_encode(step)),  # features, subsampling
             ("encode", lambda step: runner.encode(step)),  # the cache-aware layers
             ("decode", lambda step: runner.decode(step)),  # greedy RNN-T: tokens
             ("results", lambda step: step.build_results(self.results)),  # tokens -> text, times, end of utterance
         ]
+        if self.diarizer is not None:  # speaker probabilities; diarized streams' results held until covered
+            stages.append(("diarize", lambda step: self.diarizer.run(step)))
+        return stages
 
     def _deliver(self, step: Step) -> None:
         if log.isEnabledFor(logging.DEBUG):
@@ -288,6 +295,12 @@ def _notify(seqs: list[Sequence]) -> None:
     """Tell the streams' listeners of news: results, or a slot or queue place that changed."""
     for seq in seqs:
         seq.outbox.notify()
+
+
+def check_diarize(info, diarize: bool) -> None:
+    """EngineError `diarization_unavailable` where a stream asks for speakers the engine cannot give."""
+    if diarize and not info.speakers:
+        raise EngineError("diarization_unavailable", "this server has no diarizer (parakeet-serve --diarizer PATH)")
 
 
 def _closed(seq: Sequence) -> EngineError | None:

@@ -1,11 +1,12 @@
 """An engine's parts built from its EngineConfig, in start-up order: the model at its precision,
-the slots its memory holds, the Scheduler, the ModelRunner with its pools and captured graphs,
-and what the engine's users read of it (EngineInfo)."""
+the slots its memory holds, the Scheduler, the ModelRunner with its pools and captured graphs, the
+diarizer with its state pool (where one is asked for), and what the engine's users read of it (EngineInfo)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -14,8 +15,10 @@ from ..audio import SAMPLE_RATE
 from ..host import free_memory
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
+from ..model.sortformer import Sortformer
 from ..model.precision import check_precision, set_precision
 from .config import EngineConfig
+from .diarizer import Diarizer, load_diarizer
 from .info import EngineInfo
 from .languages import Languages
 from .memory import MAX_SLOTS, plan_memory, slot_bytes, stream_bytes
@@ -39,6 +42,7 @@ class EngineParts(NamedTuple):
     runner: ModelRunner
     results: ResultBuilder
     info: EngineInfo
+    diarizer: Diarizer | None
 
 
 def build(config: EngineConfig) -> EngineParts:
@@ -52,7 +56,8 @@ def build(config: EngineConfig) -> EngineParts:
     lap("precision")
     device = model.features.fb.device
     modes = ServedModes(model, config.modes, config.lookahead)
-    slots, max_batch = _slots(config, model, device)
+    sortformer = _sortformer(config.diarizer, device)
+    slots, max_batch = _slots(config, model, device, Diarizer.slot_bytes(sortformer) if sortformer else 0)
     scheduler = Scheduler(slots, config.max_queue, config.latency_target, SAMPLE_RATE, max_batch,
                           max_in_flight=DEPTH, lead=modes.first_chunk_seconds())
     lap("memory")
@@ -61,6 +66,8 @@ def build(config: EngineConfig) -> EngineParts:
     lap("pools")
     runner.capture()  # before the stage threads run: a capture must not overlap their work
     lap("capture")
+    diarizer = Diarizer(sortformer, scheduler.max_num_streams) if sortformer else None
+    runner.keep_samples = diarizer is not None
     tok = model.tokenizer
     endpoint_frames = max(1, round(config.endpoint_seconds / model.frame_seconds))
     results = ResultBuilder(model.frame_seconds, tok.eou_id if tok else None, endpoint_frames,
@@ -82,19 +89,27 @@ def build(config: EngineConfig) -> EngineParts:
         languages=languages.names,
         default_language=languages.default,
         endpoint_frames=endpoint_frames,
+        speakers=diarizer.speakers if diarizer else 0,
+        speaker_frame_seconds=diarizer.frame_seconds if diarizer else 0.0,
     )
     log.info("engine ready in %.1f s (%s)", info.start_seconds,
              ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in lap.seconds.items()))
-    return EngineParts(model, device, modes, languages, scheduler, runner, results, info)
+    return EngineParts(model, device, modes, languages, scheduler, runner, results, info, diarizer)
 
 
-def _slots(config: EngineConfig, model: ParakeetModel, device: torch.device) -> tuple[int, int | None]:
-    """(slots, most streams a step): on CUDA what its free memory holds (memory.py), on a CPU as asked
-    (`auto`: what the host's memory holds)."""
+def _sortformer(diarizer: str | Path | Sortformer | None, device: torch.device) -> Sortformer | None:
+    if diarizer is None or isinstance(diarizer, Sortformer):
+        return diarizer.to(device) if diarizer is not None else None
+    return load_diarizer(diarizer).to(device)
+
+
+def _slots(config: EngineConfig, model: ParakeetModel, device: torch.device, diarizer_bytes: int) -> tuple[int, int | None]:
+    """(slots, most streams a step): on CUDA what its free memory holds (memory.py; a diarizer's
+    state pool counts in each slot), on a CPU as asked (`auto`: what the host's memory holds)."""
     most = min(config.auto_limit or MAX_SLOTS, MAX_SLOTS)
     slots = config.max_num_streams
     if device.type == "cuda":
-        plan = plan_memory(free_memory(device), slot_bytes(model), stream_bytes(model),
+        plan = plan_memory(free_memory(device), slot_bytes(model) + diarizer_bytes, stream_bytes(model),
                            None if slots == "auto" else int(slots), config.max_batch, most=most)
         return plan.slots, plan.max_batch
     if slots == "auto":

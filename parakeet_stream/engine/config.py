@@ -10,6 +10,7 @@ import torch
 
 from ..model.config import Lookahead
 from ..model.parakeet import ParakeetModel
+from ..model.sortformer import Sortformer
 from .latency import DEFAULT_TARGET
 
 
@@ -22,7 +23,8 @@ class EngineConfig:
     connections may take of the host's memory); modes: the lookahead modes served (default: every
     mode of the model; graphs are captured for these only, and streams may ask for no other);
     calibrate: measure the step cost when the engine starts, before any client (calibration.py;
-    off for a tool that serves files only, which admission does not pace)."""
+    off for a tool that serves files only, which admission does not pace); diarizer: a Streaming
+    Sortformer (.nemo, a folder holding one, or the model) for the streams that ask for speakers."""
 
     model: str | Path | ParakeetModel = "demo"
     device: str = "cpu"
@@ -39,6 +41,7 @@ class EngineConfig:
     auto_limit: int | None = None
     modes: Iterable[Lookahead] | None = None
     calibrate: bool = True
+    diarizer: str | Path | Sortformer | None = None
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:

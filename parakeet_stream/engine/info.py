@@ -26,6 +26,8 @@ class EngineInfo:
     start_phases: dict[str, float] = field(default_factory=dict)  # seconds: load, memory, pools, capture
     languages: tuple[str, ...] = ()  # a multilingual model's languages ("en-US", ..., "auto"); none for the others
     default_language: str | None = None  # what a stream that names none gets
+    speakers: int = 0  # the diarizer's most speakers (0: no diarizer, streams cannot ask for speakers)
+    speaker_frame_seconds: float = 0.0  # stream seconds per diarizer frame (StreamResult.speakers)
     endpoint_frames: int = 1  # blank encoder frames after a token that end an utterance (a model without <EOU>)
 
     def modes_text(self) -> str:

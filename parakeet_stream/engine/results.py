@@ -9,6 +9,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from ..model.tokenizer import IncrementalDetokenizer, Tokenizer
 from .languages import AUTO
 
@@ -36,6 +38,9 @@ class StreamResult:
     # a multilingual model's language: the stream's, or with "auto" the last one the model wrote
     # (None until it wrote one; always None for a model without language prompts)
     language: str | None = None
+    # a diarized stream's speaker probabilities [frames, speakers] of the diarizer's next frames (one
+    # per `EngineInfo.speaker_frame_seconds`, from the stream's start), or None (diarizer.py)
+    speakers: np.ndarray | None = None
 
     def merge(self, later: "StreamResult") -> None:
         """Fold a later result into this one (used when a client falls behind)."""
@@ -53,6 +58,8 @@ class StreamResult:
         spoken = later.text.strip()  # its figure counts from its own last word
         self.end_of_utterance = later.end_of_utterance if spoken else max(self.end_of_utterance, later.end_of_utterance)
         self.language = later.language or self.language
+        if later.speakers is not None:
+            self.speakers = later.speakers if self.speakers is None else np.concatenate((self.speakers, later.speakers))
 
 
 class DecoderProgress:

@@ -47,6 +47,7 @@ class Sequence:
     bulk: bool = False  # its audio is all there at once (a file): no deadlines, spare capacity only (policy.py)
     boosting: BoostingTree | None = None  # its key phrases (phrases.py), loaded into its slot at its first step
     prompt: int | None = None  # its language prompt (languages.py), written into its slot at its first step
+    diarize: bool = False  # its results wait for the diarizer and carry speakers (diarizer.py)
     sink: Any = None  # where its results go as rows, a step's at once (`ASREngine.send_rows`); None: its outbox
     # lifecycle: written by the Scheduler only, under its lock; the others read it
     status: Status = Status.WAITING

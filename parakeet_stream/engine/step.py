@@ -63,6 +63,7 @@ class Step:
     batches: list[Batch] = field(default_factory=list)  # pre-encode: round by round, each round's modes
     results: list[tuple[Sequence, StreamResult]] = field(default_factory=list)  # built after decode
     rows: list[tuple[Any, ResultRows]] = field(default_factory=list)  # after decode: each sink's (Sequence.sink)
+    diarized: list[tuple[StepItem, Any]] = field(default_factory=list)  # pre-encode: diarized streams' new samples
     done: Any = None  # CUDA: the event after the last stage's work on it (runner/cuda_streams.py)
     marks: list[tuple[tuple, Any]] = field(default_factory=list)  # CUDA: ((operation, rows, mode), event after it), runner/cuda_streams.py
 

@@ -51,6 +51,19 @@ class SortformerState:
     def select(self, rows: torch.Tensor | list[int]) -> "SortformerState":
         return SortformerState(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
 
+    def put(self, rows: torch.Tensor | list[int], part: "SortformerState") -> None:
+        """Write `part` (a select of these rows, stepped) back into the rows."""
+        for f in fields(self):
+            getattr(self, f.name)[rows] = getattr(part, f.name)
+
+    def reset(self, rows: torch.Tensor | list[int]) -> None:
+        """The rows start over: empty cache and FIFO, no silence seen."""
+        for f in fields(self):
+            getattr(self, f.name)[rows] = 0
+
+    def nbytes_per_row(self) -> int:
+        return sum(getattr(self, f.name)[0].numel() * getattr(self, f.name).element_size() for f in fields(self))
+
 
 def _gather(x: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """x [B, T, C] at idx [B, L] (clamped into range), zero where not valid -> [B, L, C]."""

@@ -17,6 +17,8 @@ from ..engine.info import EngineInfo
 from ..engine.options import CPU_SLOTS, add_engine_arguments, default_slots, engine_options, whole_number
 from ..host import single_threaded_host
 from ..model.device import AUTO, check_device, resolve_device
+from ..model.config import UnsupportedModel
+from ..model.convert import ConvertError
 from ..model.errors import DeviceError, ModelNotFound
 from ..model.loading import check_lookaheads
 from ..model.precision import AUTO, PrecisionError
@@ -92,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="demo (bundled, understands synthetic speech only), small, large or multilingual "
                         "(NVIDIA's, downloaded and converted once), a Hugging Face ORG/NAME[@REVISION] or a model folder; "
                         "scripts/serve.sh passes --model small")
+    p.add_argument("--diarizer", default="off",
+                   help="speaker diarization for the streams that ask for it: a Streaming Sortformer .nemo file (such "
+                        "as NVIDIA's diar_streaming_sortformer_4spk-v2) or a folder holding one; off: none (default)")
     p.add_argument("--device", default=AUTO, help="torch device: auto (cuda where torch sees a GPU, else cpu), cpu, "
                                                   "cuda or cuda:N")
     p.add_argument("--max-num-streams", type=_slots,
@@ -205,7 +210,7 @@ def print_config(args: argparse.Namespace, info: EngineInfo, slots: int) -> None
         elif name == "lookahead_modes":  # those served: every mode of the model unless given
             value = info.modes_text().replace(", ", " ")
         elif name == "workers" and value == "auto":
-            value = f"auto ({default_workers(args.device)})"
+            value = f"auto ({_worker_count(args)})"
         elif name == "dtype" and value == AUTO:  # what the check chose (its reason is in the log)
             value = f"{value} ({info.precision.dtype})"
         print(f"  {name} = {value}")
@@ -261,7 +266,11 @@ async def _watch_signals(ctx: ServerContext, scope: trio.CancelScope, outcome: l
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.device = resolve_device(args.device)
-    workers = default_workers(args.device) if args.workers == "auto" else args.workers
+    diarizer = None if args.diarizer == "off" else args.diarizer
+    if diarizer is not None and args.workers not in (0, "auto"):
+        print("parakeet-serve: error: --diarizer serves in one process: use --workers 0", file=sys.stderr)
+        return 2
+    workers = _worker_count(args)
     problem = port_problem(args.host, _ports(args)) or (temp_problem() if workers else None)
     if problem:
         print(f"parakeet-serve: error: {problem}", file=sys.stderr)
@@ -290,9 +299,10 @@ def main(argv: list[str] | None = None) -> int:
             max_num_streams=slots,
             max_queue=args.max_queue,
             auto_limit=auto_limit(config, args.max_queue) if slots == "auto" else None,
+            diarizer=diarizer,
             **engine_options(args),
         )
-    except (PrecisionError, DeviceError, ModelNotFound, EngineError) as exc:
+    except (PrecisionError, DeviceError, ModelNotFound, EngineError, ConvertError, UnsupportedModel) as exc:
         print(f"parakeet-serve: error: {exc}{offline_hint(args.model, exc)}", file=sys.stderr)
         return 2
     print_config(args, engine.info, engine.stats()["max_num_streams"])
@@ -317,6 +327,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     print(f"parakeet-serve stopped ({outcome})", flush=True)
     return 0
+
+
+def _worker_count(args: argparse.Namespace) -> int:
+    """Worker processes: none with a diarizer (it serves in the engine's process)."""
+    if args.diarizer != "off":
+        return 0
+    return default_workers(args.device) if args.workers == "auto" else args.workers
 
 
 def temp_problem() -> str | None:

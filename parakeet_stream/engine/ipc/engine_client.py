@@ -140,7 +140,9 @@ class EngineClient:
 
     # -- streams: ASREngine's API ---------------------------------------------------------
     def create_stream(self, lookahead=None, bulk: bool = False, phrases: tuple[Phrase, ...] = (),
-                      language: str | None = None) -> int:
+                      language: str | None = None, diarize: bool = False) -> int:
+        if diarize:  # the diarizer serves in one process (parakeet-serve --workers 0)
+            raise EngineError("diarization_unavailable", "speakers are served with --workers 0 only")
         if lookahead is not None:
             lookahead = tuple(lookahead)
         rows = [(p.text, p.weight, p.hint) for p in phrases]

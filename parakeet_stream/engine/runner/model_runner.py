@@ -68,6 +68,7 @@ class ModelRunner:
         self.fronts = chunker.FrontEnds(model.features, slots)
         self._frames_by_end: dict[Lookahead, np.ndarray] = {}
         self.cuda_streams = StageStreams(self.device, STAGES)
+        self.keep_samples = False  # hand diarized streams' samples on to the diarize stage (engine/diarizer.py)
         self.pre_encoders: dict[Lookahead, StaticBatches] = {}
         self.encoders: dict[Lookahead, StaticBatches] = {}
         self.decoders: dict[Lookahead, StaticBatches] = {}
@@ -114,6 +115,8 @@ class ModelRunner:
     def pre_encode(self, step: Step) -> None:
         live = [item for item in step if item.live]
         samples = take_step_samples([item.seq.inbox for item in live], [item.samples_upto for item in live])
+        if self.keep_samples:
+            step.diarized = [(item, new) for item, new in zip(live, samples) if item.seq.diarize]
         step.batches = sorted(self._pre_encoded(step, live, samples) if live else [], key=attrgetter("round"))
         self.cuda_streams.hand_on(step, "encode")
 

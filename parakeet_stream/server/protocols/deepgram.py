@@ -27,6 +27,7 @@ from ... import audio
 from ...engine.languages import AUTO
 from ...engine.phrases import MAX_WEIGHT, Phrase, PhraseError, check_phrases
 from ..streams.language import checked_language
+from ..streams.speakers import SpeakerTimeline, checked_speakers
 from ..streams.phrases import refused
 from ..streams.protocol import Accept, Handshake, Protocol, Refusal, check_access
 from ..streams.schema import Message, Schema
@@ -59,11 +60,12 @@ IGNORED = {
 }
 # features we do not have: accepted only when they ask for nothing ("false")
 FALSE_ONLY = {
-    "diarize", "diarize_model", "multichannel", "detect_language", "detect_entities", "sentiment", "topics",
+    "diarize_model", "multichannel", "detect_language", "detect_entities", "sentiment", "topics",
     "intents", "summarize", "redact", "search", "replace", "callback",
 }
 PHRASES = ("keyterm", "keywords")  # repeatable; see parse_phrases
-KNOWN = {"encoding", "sample_rate", "channels", "endpointing", "utterance_end_ms", "language", *PHRASES, *BOOLEANS,
+KNOWN = {"encoding", "sample_rate", "channels", "endpointing", "utterance_end_ms", "language", "diarize", *PHRASES,
+         *BOOLEANS,
          *IGNORED, *FALSE_ONLY}
 MULTI = "multi"  # Deepgram's code-switching: the model's automatic language ID
 INTENSIFIER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
@@ -86,6 +88,7 @@ class Options:
     model: str = "parakeet"
     phrases: tuple[Phrase, ...] = ()
     language: str | None = None  # as asked; the handshake makes it the model's name for it
+    diarize: bool = False  # each word's `speaker` (the server's --diarizer)
 
 
 def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> Options:
@@ -118,6 +121,7 @@ def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> O
     options.phrases = parse_phrases(params)
     language = query.get("language")
     options.language = AUTO if language == MULTI else language
+    options.diarize = _boolean(query, "diarize")
     return options
 
 
@@ -176,6 +180,7 @@ def handshake_for(parse: Callable[[dict[str, str], Sequence[tuple[str, str]]], A
             options = parse(request.query, request.params)
             check_phrases_for(ctx, options.phrases, names)
             options.language = checked_language(ctx.engine, options.language)
+            checked_speakers(ctx.engine.info, getattr(options, "diarize", False), None)
         except ProtocolError as exc:
             body = {"err_code": "INVALID_QUERY_PARAMETER", "err_msg": exc.message, "request_id": str(uuid.uuid4())}
             return Refusal(400, exc.code, exc.message, body)
@@ -236,6 +241,8 @@ class DeepgramSession(Session):
         self.segments.rate = options.sample_rate
         self.segments.phrases = options.phrases
         self.segments.language = options.language
+        self.segments.diarize = options.diarize
+        self._speakers = SpeakerTimeline(self.info, self.info.speakers) if options.diarize else None
         self.request_id = str(uuid.uuid4())
         self.created = datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
         self._words = WordTracker(self.info)
@@ -286,7 +293,11 @@ class DeepgramSession(Session):
             if self.options.vad_events:
                 self.post({"type": "SpeechStarted", "channel": [0, 1], "timestamp": round(first, 3)})
         ends_transcript = result.utterance_end or result.is_final
-        transcript.words += self._words.update(result, now, close=ends_transcript, offset=segment.offset)
+        words = self._words.update(result, now, close=ends_transcript, offset=segment.offset)
+        if self._speakers is not None:
+            self._speakers.add(result, segment.offset)
+            self._speakers.label(words)
+        transcript.words += words
         transcript.text += result.text
         self._language = result.language or self._language
         if ends_transcript:
@@ -324,6 +335,8 @@ class DeepgramSession(Session):
         transcript = self._transcript
         start = transcript.start if transcript.spoken else now
         words = transcript.words + self._words.open_word(now)
+        if self._speakers is not None:  # the open word's speaker, as heard so far
+            self._speakers.label(words[len(transcript.words):])
         if self.segments.language == AUTO:  # Deepgram's fields for code-switching: the languages detected
             words = [{**word, "language": self._language} for word in words] if self._language else words
         alternative = {

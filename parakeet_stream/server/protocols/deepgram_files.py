@@ -24,6 +24,7 @@ from ...engine.phrases import Phrase
 from ..context import ServerContext
 from ..streams import wire
 from ..streams.language import checked_language
+from ..streams.speakers import checked_speakers
 from ..streams.words import transcript_confidence
 from ..transport.codes import ProtocolError
 from . import deepgram
@@ -39,7 +40,8 @@ FILE_ONLY = ("utterances", "paragraphs", "utt_split")
 # our codes in Deepgram's words where Deepgram has its own
 ERR_CODES = {"unauthorized": "INVALID_AUTH", "invalid_config": "INVALID_QUERY_PARAMETER",
              "file_too_large": "PAYLOAD_TOO_LARGE", "too_many_uploads": "TOO_MANY_REQUESTS",
-             "invalid_phrases": "INVALID_QUERY_PARAMETER", "unsupported_language": "INVALID_QUERY_PARAMETER"}
+             "invalid_phrases": "INVALID_QUERY_PARAMETER", "unsupported_language": "INVALID_QUERY_PARAMETER",
+             "diarization_unavailable": "INVALID_QUERY_PARAMETER"}
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Options:
     paragraphs: bool = False
     phrases: tuple[Phrase, ...] = ()
     language: str | None = None
+    diarize: bool = False
 
 
 async def handle(ctx: ServerContext, exchange: Exchange) -> None:
@@ -60,6 +63,7 @@ async def handle(ctx: ServerContext, exchange: Exchange) -> None:
         options = parse_options(exchange.query, exchange.params)
         try:
             options.language = checked_language(ctx.engine, options.language)
+            checked_speakers(ctx.engine.info, options.diarize, None)
         except ProtocolError as exc:
             raise UploadError(400, exc.code, exc.message) from None
         if exchange.headers.get("content-type", "").split(";")[0].strip().lower() == "application/json":
@@ -96,7 +100,7 @@ def parse_options(query: dict[str, str], params: Sequence[tuple[str, str]]) -> O
         raise _invalid(exc.message) from None
     options = Options(
         utterances=_boolean(query, "utterances"), paragraphs=_boolean(query, "paragraphs"), phrases=parsed.phrases,
-        language=parsed.language,
+        language=parsed.language, diarize=parsed.diarize,
     )
     if not container:
         options.encoding, options.sample_rate = parsed.encoding, parsed.sample_rate
@@ -120,7 +124,8 @@ def _invalid(message: str) -> UploadError:
 
 
 async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Options, spool: Spool) -> None:
-    transcript = await transcribe(exchange, reader, PROTOCOL, phrases=options.phrases, language=options.language)
+    transcript = await transcribe(exchange, reader, PROTOCOL, phrases=options.phrases, language=options.language,
+                                  diarize=options.diarize)
     body = response(ctx, transcript, options, spool.sha256, str(uuid.uuid4()))
     await exchange.respond(200, wire.dumps(body), JSON)
 

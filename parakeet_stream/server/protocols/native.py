@@ -21,6 +21,7 @@ from ..streams.phrases import refused
 from ..streams.protocol import Accept, Protocol, Refusal
 from ..streams.schema import InvalidField, Message, Schema
 from ..streams.session import Session
+from ..streams.speakers import SpeakerTimeline, checked_speakers
 from ..streams.wire import ENCODINGS, decode_bytes, decode_samples, parse_sample_rate
 from ..streams.words import WordTracker
 from ..transport.channel import ChannelClosed
@@ -34,8 +35,9 @@ if TYPE_CHECKING:
     from ..transport.tcp import TcpChannel
 
 # 3: results carry `words`; 4: start takes `phrases`, hello and started echo them; 5: start takes
-# `language`, hello, started and results carry it
-PROTOCOL_VERSION = 5
+# `language`, hello, started and results carry it; 6: start takes `diarize` and `max_speakers`, words carry
+# `speaker` where it is on
+PROTOCOL_VERSION = 6
 PRE_AUTH_MAX_LINE = 65536  # TCP with an API key: the longest first line (it carries the key)
 
 
@@ -48,6 +50,8 @@ class StreamConfig:
     lookahead: tuple[int, int] | None = None
     phrases: tuple[Phrase, ...] | None = None
     language: str | None = None
+    diarize: bool | None = None
+    max_speakers: int | None = None
 
 
 class PhraseSpec(msgspec.Struct, forbid_unknown_fields=True):
@@ -63,9 +67,12 @@ class Start(Message, tag="start"):
     lookahead: str | list[int] | None = None
     phrases: list[str | PhraseSpec] | None = None
     language: str | None = None
+    diarize: bool | None = None
+    max_speakers: int | None = None
     codes = {
         "sample_rate": "invalid_config", "encoding": "invalid_config", "lookahead": "invalid_config",
-        "phrases": "invalid_phrases", "language": "invalid_config",
+        "phrases": "invalid_phrases", "language": "invalid_config", "diarize": "invalid_config",
+        "max_speakers": "invalid_config",
     }
 
 
@@ -122,6 +129,7 @@ def stream_config(message: Start) -> StreamConfig:
     if message.phrases is not None:
         config.phrases = parse_phrases(message.phrases)
     config.language = message.language
+    config.diarize, config.max_speakers = message.diarize, message.max_speakers
     return config
 
 
@@ -142,7 +150,19 @@ def url_config(query: dict[str, str]) -> StreamConfig:
     if query.get("lookahead") is not None:
         config.lookahead = parse_lookahead(query["lookahead"])
     config.language = query.get("language")
+    if query.get("diarize") is not None:
+        config.diarize = parse_flag(query["diarize"], "diarize")
+    if query.get("max_speakers") is not None:
+        config.max_speakers = query["max_speakers"]  # checked_speakers refuses it unless a whole number
+        if config.max_speakers.isdigit():
+            config.max_speakers = int(config.max_speakers)
     return config
+
+
+def parse_flag(value: str, name: str) -> bool:
+    if value not in ("true", "false"):
+        raise ProtocolError("invalid_config", f"'{name}' must be true or false")
+    return value == "true"
 
 
 def parse_encoding(value: str) -> str:
@@ -211,6 +231,7 @@ class NativeSession(Session):
         self._first = True
         self._hello_sent = False
         self._words = WordTracker(self.info)
+        self._speakers: SpeakerTimeline | None = None  # with diarize: true
 
     def open(self) -> None:
         self._declare(url_config(self._query))
@@ -223,6 +244,9 @@ class NativeSession(Session):
         self.segments.rate = self.declared.sample_rate or audio.SAMPLE_RATE
         self.segments.phrases = self.declared.phrases or ()
         self.segments.language = checked_language(self.connection.ctx.engine, self.declared.language)
+        self.segments.diarize = bool(self.declared.diarize)
+        most = checked_speakers(self.info, self.segments.diarize, self.declared.max_speakers)
+        self._speakers = SpeakerTimeline(self.info, most) if self.segments.diarize else None
 
     def _open(self) -> None:
         self.segments.open(self.declared.lookahead)
@@ -252,9 +276,9 @@ class NativeSession(Session):
         self._declare(config)
         segment = self.segments.current
         lookahead = tuple(self.declared.lookahead or self.info.default_lookahead)
-        if (lookahead, self.segments.phrases, self.segments.language) != (segment.lookahead, segment.phrases,
-                                                                             segment.language):
-            self.segments.discard()  # nothing was pushed yet: reopen with the requested mode, phrases and language
+        wanted = (lookahead, self.segments.phrases, self.segments.language, self.segments.diarize)
+        if wanted != (segment.lookahead, segment.phrases, segment.language, segment.diarize):
+            self.segments.discard()  # nothing was pushed yet: reopen with the requested mode, phrases, language, speakers
             self._open()
         else:
             segment.set_input_rate(self.segments.rate)
@@ -275,6 +299,7 @@ class NativeSession(Session):
             "chunk_seconds": self.info.chunk_seconds[segment.lookahead],
             "phrases": [{"text": as_written(p, self.info.tokenizer), "weight": p.weight} for p in segment.phrases],
             "language": segment.language,
+            "diarize": segment.diarize,
             "model": self.config.model_name,
             "protocol_version": PROTOCOL_VERSION,
         }
@@ -291,8 +316,8 @@ class NativeSession(Session):
             "start": result.start,
             "end": result.end,
             "token_times": result.token_times,
-            # the words this result completes: {word, start, end, confidence}
-            "words": self._words.update(result, result.audio_seconds, close=result.is_final),
+            # the words this result completes: {word, start, end, confidence} (and speaker with diarize)
+            "words": self._words_of(result),
             "audio_seconds": result.audio_seconds,
             "latency": result.latency,
             "language": result.language,
@@ -300,6 +325,13 @@ class NativeSession(Session):
         if result.error:
             message["error"] = result.error
         self.post(message)
+
+    def _words_of(self, result: StreamResult) -> list[dict]:
+        words = self._words.update(result, result.audio_seconds, close=result.is_final)
+        if self._speakers is None:
+            return words
+        self._speakers.add(result)
+        return self._speakers.label(words)
 
     def last_message(self, reason: str) -> dict:
         return {"type": "closed", "reason": reason}

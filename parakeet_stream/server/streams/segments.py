@@ -71,16 +71,17 @@ class Segment(EngineStream):
     def __init__(
         self, engine: EngineAPI, changed: Wakeup, lookahead: tuple[int, int] | None, input_rate: int,
         max_seconds: float | None, offset: float, budget: int, phrases: tuple[Phrase, ...],
-        language: str | None = None,
+        language: str | None = None, diarize: bool = False,
     ) -> None:
         try:
-            super().__init__(engine, changed.set_threadsafe, budget, max_seconds, lookahead, phrases, language=language)
+            super().__init__(engine, changed.set_threadsafe, budget, max_seconds, lookahead, phrases, language=language,
+                             diarize=diarize)
         except QueueFull:
             raise ProtocolError("queue_full", "every slot is busy and the waiting queue is full") from None
         except PhraseError as exc:  # a phrase too many tokens long for the model
             raise refused(exc) from None
         except EngineError as exc:
-            if exc.code == "unsupported_language":
+            if exc.code in ("unsupported_language", "diarization_unavailable"):
                 raise ProtocolError(exc.code, exc.message) from None
             if exc.code != "bad_lookahead":
                 raise
@@ -167,6 +168,7 @@ class Segments:
         self.end_after: str | None = None  # end the connection for this reason once the current segment is done
         self.phrases: tuple[Phrase, ...] = ()  # what each segment opened from now on boosts
         self.language: str | None = None  # and its language (None: the model's default)
+        self.diarize = False  # and whether its results carry speakers
         self._channel = channel
         self._metric = metric
         self._budget = backlog_samples(ctx.config)
@@ -219,7 +221,7 @@ class Segments:
         config = self.ctx.config
         self.current = Segment(
             self.ctx.engine, self.changed, lookahead, self.rate, config.max_stream_seconds, self.offset, self._budget,
-            self.phrases, self.language,
+            self.phrases, self.language, self.diarize,
         )
         self.ctx.metrics.streams.labels(self._metric).inc()
         return self.current

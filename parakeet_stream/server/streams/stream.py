@@ -32,13 +32,16 @@ class EngineStream:
     def __init__(
         self, engine: EngineAPI, wake: Callable[[], None], budget: int, max_seconds: float | None = None,
         lookahead: tuple[int, int] | None = None, phrases: tuple[Phrase, ...] = (), bulk: bool = False,
-        language: str | None = None,
+        language: str | None = None, diarize: bool = False,
     ) -> None:
-        """`budget`: samples (at the engine's rate) it may hold not yet encoded. Raises what
-        `create_stream` raises (QueueFull, PhraseError, EngineError): each door says it its way."""
+        """`budget`: samples (at the engine's rate) it may hold not yet encoded; `diarize`: its results
+        carry speakers. Raises what `create_stream` raises (QueueFull, PhraseError, EngineError): each
+        door says it its way."""
         self.engine = engine
         self.rate = engine.info.sample_rate
-        self.sid = engine.create_stream(lookahead=lookahead, bulk=bulk, phrases=phrases, language=language)
+        self.sid = engine.create_stream(lookahead=lookahead, bulk=bulk, phrases=phrases, language=language,
+                                        diarize=diarize)
+        self.diarize = diarize
         self.budget = budget
         self.max_samples = None if max_seconds is None else int(max_seconds * self.rate)
         self._min_push = int(MIN_PUSH_SECONDS * self.rate)

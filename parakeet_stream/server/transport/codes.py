@@ -33,6 +33,7 @@ POLICIES: dict[str, Policy] = {
     "bad_lookahead": Policy(True, 1008),
     "invalid_phrases": Policy(True, 1008),  # key phrases beyond a limit: the stream cannot start as asked
     "unsupported_language": Policy(True, 1008),  # a language the model does not transcribe
+    "diarization_unavailable": Policy(True, 1008),  # speakers asked of a server without a diarizer
     "unauthorized": Policy(True, 1008),  # WebSocket: the handshake is refused with HTTP 401
     "forbidden_origin": Policy(True, 1008),  # WebSocket only: handshake refused with HTTP 403
     "idle_timeout": Policy(True, 1000),

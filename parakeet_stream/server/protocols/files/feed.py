@@ -42,14 +42,15 @@ async def feed_file(
     lookahead: tuple[int, int] | None = None,
     phrases: tuple[Phrase, ...] = (),
     language: str | None = None,
+    diarize: bool = False,
 ) -> int:
     """Transcribe the audio `read` yields as one bulk engine stream (in `lookahead`, else the
-    engine's bulk mode) that boosts `phrases`, in `language` (None: the model's default); `on_result` gets every result in order, the final
+    engine's bulk mode) that boosts `phrases`, in `language` (None: the model's default), with speakers where `diarize`; `on_result` gets every result in order, the final
     one last. Returns the samples pushed. `read`'s exceptions propagate, and QueueFull or
     PhraseError (or EngineError: a language it lacks) when the engine refuses the stream. The stream is cancelled if this is interrupted."""
     wakeup = Wakeup()
     stream = EngineStream(engine, wakeup.set_threadsafe, budget_samples, lookahead=lookahead, phrases=phrases,
-                          bulk=True, language=language)
+                          bulk=True, language=language, diarize=diarize)
     block = max(1, min(int(BLOCK_SECONDS * engine.info.sample_rate), budget_samples // 2))
     try:
         while not stream.finished:

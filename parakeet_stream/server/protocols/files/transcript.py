@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ....engine import EngineInfo, StreamResult
+from ...streams.speakers import SpeakerTimeline
 from ...streams.words import TimedToken, timed_tokens, timed_words
 
 
@@ -35,10 +36,12 @@ class FileTranscript:
 
 class TranscriptBuilder:
     """Takes a stream's results in order; an utterance ends at <EOU>, at the endpointing rule's
-    end of utterance (models without <EOU>) and at the end of the stream."""
+    end of utterance (models without <EOU>) and at the end of the stream. With `diarize`, each
+    word has its `speaker` and `speaker_confidence` (streams/speakers.py)."""
 
-    def __init__(self, info: EngineInfo) -> None:
+    def __init__(self, info: EngineInfo, diarize: bool = False) -> None:
         self._info = info
+        self._speakers = SpeakerTimeline(info, info.speakers) if diarize else None
         self._tokenizer = info.tokenizer
         self._out = FileTranscript()
         self._pieces: list[str] = []
@@ -52,6 +55,8 @@ class TranscriptBuilder:
         out.token_times += result.token_times
         out.error = out.error or result.error
         out.language = result.language or out.language
+        if self._speakers is not None:
+            self._speakers.add(result)
         eou = self._tokenizer.eou_id
         for timed in timed_tokens(result):
             if timed[0] == eou:
@@ -73,6 +78,8 @@ class TranscriptBuilder:
         for i, tokens in enumerate(self._closed):
             limit = self._closed[i + 1][0][1] if i + 1 < len(self._closed) else out.duration
             words = timed_words(self._info, tokens, limit)
+            if self._speakers is not None:
+                self._speakers.label(words, confidence=True)
             if words:
                 ids = [timed[0] for timed in tokens]
                 text = self._tokenizer.decode(ids).strip()

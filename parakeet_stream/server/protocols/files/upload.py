@@ -72,12 +72,13 @@ async def transcribe(
     on_text: Callable[[str], Awaitable[None]] | None = None,
     phrases: tuple[Phrase, ...] = (),
     language: str | None = None,
+    diarize: bool = False,
 ) -> FileTranscript:
-    """Transcribe the whole file in `language` (checked: engine.check_language), boosting `phrases`; `on_text` gets each new piece of text as it
+    """Transcribe the whole file in `language` (checked: engine.check_language), boosting `phrases`, each word with its speaker where `diarize`; `on_text` gets each new piece of text as it
     is decoded. The exchange keeps the audio seconds and results for the access log."""
     ctx = exchange.ctx
     engine = ctx.engine
-    builder = TranscriptBuilder(engine.info)
+    builder = TranscriptBuilder(engine.info, diarize)
     cap = int(ctx.config.max_upload_seconds * engine.info.sample_rate)  # a header may understate the length
     read = in_worker_thread(_capped(reader.read, cap))
 
@@ -90,7 +91,7 @@ async def transcribe(
     ctx.metrics.streams.labels(protocol).inc()
     try:
         samples = await feed_file(engine, read, on_result, backlog_samples(ctx.config), phrases=phrases,
-                                  language=language)
+                                  language=language, diarize=diarize)
     except QueueFull:
         raise UploadError(503, "queue_full", "every slot is busy and the waiting queue is full: retry later") from None
     except PhraseError as exc:  # a phrase too many tokens long for the model

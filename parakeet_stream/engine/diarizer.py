@@ -1,0 +1,192 @@
+"""The diarize stage: Streaming Sortformer over the streams that asked for speakers, batched.
+
+Each slot has a row of one SortformerState pool (model/sortformer_streaming.py) and a Track on the
+host: the diarizer's own log-mel framing of the stream's samples (its mel bands may differ from the
+recogniser's), the mel frames not consumed yet, where its next chunk starts. The pre-encode stage
+hands on each diarized stream's new samples (`Step.diarized`); this stage, after the step's results
+are built, frames them and runs every diarizer chunk that has its right context (at a stream's last
+step: every chunk left, the partial last one too), one round of chunks of all such streams at once.
+
+A diarized stream's results are held until the diarizer has covered their audio (`audio_seconds`),
+so each word has its speaker probabilities when a door sees it and its speaker never changes; this
+delays them by the diarizer's chunk and right context. The first result released after new
+diarizer frames carries them (`StreamResult.speakers`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..audio import SAMPLE_RATE
+from ..model.config import UnsupportedModel
+from ..model.features import FeatureStream
+from ..model.sortformer import Sortformer, StreamingConfig
+from ..model.sortformer_streaming import SortformerState, StreamingSortformer
+from .results import StreamResult
+from .step import Step, StepItem
+
+# The model card's live setting (80 ms frames): chunks of 0.48 s seen with 0.56 s of right context.
+LIVE_STREAMING = dict(chunk_len=6, chunk_left_context=1, chunk_right_context=7, fifo_len=188, spkcache_len=188,
+                      spkcache_update_period=144)
+
+
+def load_diarizer(path: str | Path) -> Sortformer:
+    """A Streaming Sortformer from its .nemo file, or from a folder holding one."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(path.glob("*.nemo"))
+        if len(found) != 1:
+            raise UnsupportedModel(f"{path}: expected one Sortformer .nemo file in the folder, found {len(found)}")
+        path = found[0]
+    model = Sortformer.from_nemo(path)
+    if model.cfg.features.sample_rate != SAMPLE_RATE:
+        raise UnsupportedModel(f"{path}: the diarizer takes {model.cfg.features.sample_rate} Hz audio, "
+                               f"the engine {SAMPLE_RATE} Hz")
+    return model
+
+
+def live_streaming(model: Sortformer) -> StreamingConfig:
+    return dataclasses.replace(model.cfg.streaming, **LIVE_STREAMING)
+
+
+@dataclass
+class Track:
+    """A slot's stream in the diarizer: written by the diarize stage only."""
+
+    framing: FeatureStream
+    mel: torch.Tensor  # [rows, n_mels]: its mel frames from `mel_at` on
+    mel_at: int = 0
+    start: int = 0  # the next chunk's first own mel frame
+    ended: bool = False  # every frame of the stream is in `mel`
+    probs: list[np.ndarray] = field(default_factory=list)  # probability frames no result carried yet
+    frames: int = 0  # probability frames made
+    held: list[StreamResult] = field(default_factory=list)  # results waiting for the diarizer
+
+    @property
+    def have(self) -> int:
+        return self.mel_at + self.mel.size(0)
+
+
+class Diarizer:
+    def __init__(self, model: Sortformer, slots: int, streaming: StreamingConfig | None = None):
+        self.sortformer = StreamingSortformer(model, streaming or live_streaming(model))
+        self.features = model.features
+        self.state = self.sortformer.init_state(slots, model.features.fb.device)
+        self.tracks: list[Track | None] = [None] * slots
+        c, f = self.sortformer.cfg, self.sortformer.factor
+        self.chunk, self.left, self.right = c.chunk_len * f, c.chunk_left_context * f, c.chunk_right_context * f
+        self.frame_seconds = f * model.cfg.features.hop_length / model.cfg.features.sample_rate
+        self.speakers = model.cfg.n_spk
+
+    @staticmethod
+    def slot_bytes(model: Sortformer, streaming: StreamingConfig | None = None) -> int:
+        """A slot's row of the state pool (its host Track is a few chunks of mel frames more)."""
+        return SortformerState.zeros(model, streaming or live_streaming(model), 1).nbytes_per_row()
+
+    def run(self, step: Step) -> None:
+        if not step.diarized:
+            return
+        items = [item for item, _ in step.diarized]
+        self._start([item.slot for item in items if item.first])
+        tracks = [self.tracks[item.slot] for item in items]
+        self._frame(tracks, [samples for _, samples in step.diarized], [item.last for item in items])
+        while self._round(tracks, [item.slot for item in items]):
+            pass
+        self._hold(step, items, tracks)
+
+    def _start(self, slots: list[int]) -> None:
+        if slots:
+            self.state.reset(slots)
+        for slot in slots:
+            empty = torch.zeros(0, self.features.cfg.n_mels, device=self.features.fb.device)
+            self.tracks[slot] = Track(FeatureStream(self.features), empty)
+
+    def _frame(self, tracks: list[Track], samples: list[np.ndarray], last: list[bool]) -> None:
+        """Every stream's new mel frames, computed at once; at its end only those NeMo counts as valid."""
+        segments, counts = [], []
+        for track, new, is_last in zip(tracks, samples, last):
+            pieces = [track.framing.push(np.asarray(new, np.float32))]
+            if is_last:
+                pieces.append(track.framing.flush())
+            segments += pieces
+            counts.append(sum(count for _, count in pieces))
+        if sum(counts):
+            mel = self.features.mel(self.features.frames(segments)).float()
+            for track, part in zip(tracks, mel.split(counts)):
+                track.mel = torch.cat((track.mel, part))
+        for track, is_last in zip(tracks, last):
+            if is_last:
+                track.mel = track.mel[: max(0, track.framing.valid_frames - track.mel_at)]
+                track.ended = True
+
+    def _next_chunk(self, track: Track) -> tuple[int, int, int, int] | None:
+        """(first, end) mel frames of its next chunk, context included, and its left / right context;
+        None until it has its right context (or the stream ended and none is left)."""
+        start, have = track.start, track.have
+        if track.ended:
+            if start >= have:
+                return None
+            end = min(start + self.chunk, have)
+            right = min(self.right, have - end)
+        elif have >= start + self.chunk + self.right:
+            end, right = start + self.chunk, self.right
+        else:
+            return None
+        left = min(self.left, start)
+        return start - left, end + right, left, right
+
+    def _round(self, tracks: list[Track], slots: list[int]) -> bool:
+        """One chunk of every stream that has one ready, stepped at once; False: none had one."""
+        ready = [(k, chunk) for k, track in enumerate(tracks) if (chunk := self._next_chunk(track)) is not None]
+        if not ready:
+            return False
+        width = max(end - first for _, (first, end, _, _) in ready)
+        feats = self.state.fifo.new_zeros(len(ready), width, self.features.cfg.n_mels)
+        for row, (k, (first, end, _, right)) in enumerate(ready):
+            track = tracks[k]
+            feats[row, : end - first] = track.mel[first - track.mel_at : end - track.mel_at]
+            track.start = end - right
+            keep_from = max(0, track.start - self.left)  # the next chunk's left context on
+            track.mel, track.mel_at = track.mel[keep_from - track.mel_at :], keep_from
+        device = feats.device
+        lengths = torch.tensor([end - first for _, (first, end, _, _) in ready], device=device)
+        left = torch.tensor([chunk[2] for _, chunk in ready], device=device)
+        right = torch.tensor([chunk[3] for _, chunk in ready], device=device)
+        rows = torch.tensor([slots[k] for k, _ in ready], device=device)
+        state = self.state.select(rows)
+        probs, valid = self.sortformer.step(state, feats, lengths, left, right)
+        self.state.put(rows, state)
+        probs, valid = probs.float().cpu().numpy(), valid.tolist()
+        for row, (k, _) in enumerate(ready):
+            tracks[k].probs.append(probs[row, : valid[row]])
+            tracks[k].frames += valid[row]
+        return True
+
+    def _hold(self, step: Step, items: list[StepItem], tracks: list[Track]) -> None:
+        """The step's results of diarized streams wait in their tracks; those the diarizer covered go out."""
+        by_seq = {item.seq: track for item, track in zip(items, tracks)}
+        kept = []
+        for seq, result in step.results:
+            track = by_seq.get(seq)
+            if track is None:
+                kept.append((seq, result))
+            else:
+                track.held.append(result)
+        for item, track in zip(items, tracks):
+            kept += [(item.seq, result) for result in self._release(track, item.last)]
+        step.results = kept
+
+    def _release(self, track: Track, everything: bool) -> list[StreamResult]:
+        covered = track.frames * self.frame_seconds + 1e-9
+        n = len(track.held) if everything else next(
+            (i for i, r in enumerate(track.held) if r.audio_seconds > covered), len(track.held))
+        out, track.held = track.held[:n], track.held[n:]
+        if out and track.probs:
+            out[0].speakers = np.concatenate(track.probs)
+            track.probs = []
+        return out

@@ -1,0 +1,267 @@
+"""Speakers per word: the engine's diarize stage (engine/diarizer.py) and each API's diarization.
+
+The diarizer is the tiny random-init Streaming Sortformer fixture (its speaker decisions are
+arbitrary), the recogniser the demo model, the audio espeak-ng speech in two voices: every check
+compares the server with an offline run of the same diarizer over the same audio, done here.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import Raw, audio_messages, collect_until_final, pcm16_exact, running_server, tokens_of, url
+
+from demo_model.speech import synth
+from parakeet_stream.engine import ASREngine, EngineError
+from parakeet_stream.engine.diarizer import live_streaming
+from parakeet_stream.model.sortformer import Sortformer
+from parakeet_stream.model.sortformer_streaming import StreamingSortformer, stream_features
+
+pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
+
+SORTFORMER = Path(__file__).parent / "fixtures" / "nemo" / "sortformer_tiny.nemo"
+PACKET = 2560
+VOICES = [("en-us", "the red fox jumps over the lazy dog"), ("en-us+f3", "she sells sea shells by the sea shore"),
+          ("en-gb", "seven green apples fell from the tall tree")]
+
+
+@pytest.fixture(scope="module")
+def sortformer() -> Sortformer:
+    return Sortformer.from_nemo(SORTFORMER)
+
+
+@pytest.fixture(scope="module")
+def voices() -> list[np.ndarray]:
+    return [pcm16_exact(synth({"voice": voice, "variant": "default", "speed": 160, "pitch": 50, "text": text}, seed=i))
+            for i, (voice, text) in enumerate(VOICES)]
+
+
+@pytest.fixture(scope="module")
+def dialogue(voices) -> np.ndarray:
+    """Two voices, one after the other."""
+    return np.concatenate(voices[:2])
+
+
+@pytest.fixture(scope="module")
+def engine(sortformer):
+    with ASREngine("demo", max_num_streams=4, max_queue=4, diarizer=sortformer) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def plain_engine():
+    with ASREngine("demo", max_num_streams=4, max_queue=4) as e:
+        yield e
+
+
+def offline(sortformer: Sortformer, samples: np.ndarray) -> np.ndarray:
+    """The diarizer over the whole audio at once, as NeMo streams a file: probabilities [frames, speakers]."""
+    with torch.no_grad():
+        feats = sortformer.features(torch.from_numpy(samples))[0]
+    return stream_features(StreamingSortformer(sortformer, live_streaming(sortformer)), [feats])[0].numpy()
+
+
+def word_speaker(probs: np.ndarray, start: float, end: float, most: int) -> int:
+    """The speaker most active over the 80 ms frames the word spans (at least the one it starts in)."""
+    first = min(int(start / 0.08 + 1e-6), len(probs) - 1)
+    stop = max(first + 1, min(math.ceil(end / 0.08 - 1e-6), len(probs)))
+    return int(probs[first:stop, :most].sum(0).argmax())
+
+
+def run(engine, samples: np.ndarray, diarize: bool) -> list:
+    sid = engine.create_stream(diarize=diarize)
+    for i in range(0, len(samples), PACKET):
+        engine.push_audio(sid, samples[i : i + PACKET])
+    engine.finalize(sid)
+    return collect_until_final(engine, sid)
+
+
+def speakers_of(results) -> np.ndarray:
+    return np.concatenate([r.speakers for r in results if r.speakers is not None])
+
+
+# -- the engine ---------------------------------------------------------------------------
+
+
+def test_speaker_probabilities_equal_the_offline_run_and_cover_each_result(engine, sortformer, dialogue):
+    results = run(engine, dialogue, diarize=True)
+    got, want = speakers_of(results), offline(sortformer, dialogue)
+    assert got.shape == want.shape and np.abs(got - want).max() < 1e-4
+    covered = 0
+    frame = engine.info.speaker_frame_seconds
+    for r in results:  # each result waits until the diarizer heard its audio (the recogniser's padding past its end too)
+        covered += 0 if r.speakers is None else len(r.speakers)
+        assert min(r.audio_seconds, len(got) * frame) <= covered * frame + 1e-6
+    assert engine.info.speakers == sortformer.cfg.n_spk
+
+
+def test_streams_batched_give_what_each_gives_alone(engine, voices, dialogue):
+    audios = [dialogue, voices[2], np.concatenate([voices[2], voices[0]])]
+    alone = [speakers_of(run(engine, a, diarize=True)) for a in audios]
+    sids = [engine.create_stream(diarize=True) for _ in audios]
+    for i in range(0, max(map(len, audios)), PACKET):
+        for sid, a in zip(sids, audios):
+            if i < len(a):
+                engine.push_audio(sid, a[i : i + PACKET])
+    for sid in sids:
+        engine.finalize(sid)
+    together = [speakers_of(collect_until_final(engine, sid)) for sid in sids]
+    for a, b in zip(alone, together):
+        assert a.shape == b.shape and np.abs(a - b).max() < 1e-4
+
+
+def test_a_stream_without_diarization_gets_the_same_tokens_and_runs_no_diarizer(engine, plain_engine, dialogue,
+                                                                               monkeypatch):
+    steps = []
+    step = engine.diarizer.sortformer.step
+    monkeypatch.setattr(engine.diarizer.sortformer, "step", lambda *a: steps.append(1) or step(*a))
+    results = run(engine, dialogue, diarize=False)
+    assert not steps and all(r.speakers is None for r in results)
+    assert tokens_of(results) == tokens_of(run(plain_engine, dialogue, diarize=False)) and tokens_of(results)
+    run(engine, dialogue, diarize=True)
+    assert steps  # the spy sees the diarizer where it runs
+
+
+def test_an_engine_without_a_diarizer_refuses_a_diarized_stream(plain_engine):
+    with pytest.raises(EngineError) as info:
+        plain_engine.create_stream(diarize=True)
+    assert info.value.code == "diarization_unavailable" and "--diarizer" in info.value.message
+
+
+# -- the native protocol ----------------------------------------------------------------------
+
+
+async def native_words(address: str, samples: np.ndarray, **start) -> list[dict]:
+    async with Raw.open(address) as conn:
+        await conn.send({"type": "start", **start})
+        started = await conn.until("started")
+        assert started[-1]["diarize"] is bool(start.get("diarize"))
+        for message in audio_messages(samples):
+            await conn.send(message)
+        results = [m for m in await conn.until("result", is_final=True) if m["type"] == "result"]
+    return [w for r in results for w in r["words"]]
+
+
+@pytest.mark.parametrize("kind", ["tcp", "ws"])
+async def test_native_words_carry_the_offline_speaker(engine, sortformer, dialogue, kind):
+    probs = offline(sortformer, dialogue)
+    async with running_server(engine) as ctx:
+        words = await native_words(url(ctx, kind), dialogue, diarize=True)
+        one = await native_words(url(ctx, kind), dialogue, diarize=True, max_speakers=1)
+        plain = await native_words(url(ctx, kind), dialogue)
+    assert words and [w["speaker"] for w in words] == [word_speaker(probs, w["start"], w["end"], 4) for w in words]
+    assert {w["speaker"] for w in one} == {0}
+    assert all("speaker" not in w for w in plain) and [w["word"] for w in plain] == [w["word"] for w in words]
+
+
+@pytest.mark.parametrize("start,field", [
+    ({"diarize": "yes"}, "diarize"), ({"diarize": True, "max_speakers": 0}, "max_speakers"),
+    ({"diarize": True, "max_speakers": 1000}, "max_speakers"), ({"diarize": True, "max_speakers": "2"}, "max_speakers"),
+])
+async def test_native_refuses_hostile_values(engine, start, field):
+    async with running_server(engine) as ctx, Raw.open(url(ctx, "ws")) as conn:
+        await conn.send({"type": "start", **start})
+        error = (await conn.until("error"))[-1]
+    assert error["code"] == "invalid_config" and field in error["message"]
+
+
+async def test_native_on_a_server_without_a_diarizer_says_so(plain_engine, dialogue):
+    async with running_server(plain_engine) as ctx:
+        async with Raw.open(url(ctx, "ws")) as conn:
+            await conn.send({"type": "start", "diarize": True})
+            error = (await conn.until("error"))[-1]
+        assert error["code"] == "diarization_unavailable" and "--diarizer" in error["message"]
+        async with Raw.open(url(ctx, "ws")) as conn:  # the server goes on serving
+            await conn.send({"type": "start", "diarize": False})
+            await conn.until("started")
+
+
+# -- Deepgram, live and pre-recorded, through the official SDK -----------------------------------
+
+
+def deepgram_client(ctx):
+    from deepgram import DeepgramClient
+    from deepgram.environment import DeepgramClientEnvironment
+
+    port, http = ctx.config.ports["ws"], ctx.config.ports["http"]
+    env = DeepgramClientEnvironment(base=f"http://127.0.0.1:{http}", production=f"ws://127.0.0.1:{port}",
+                                    agent="", agent_rest="")
+    return DeepgramClient(api_key="unused", environment=env)
+
+
+def deepgram_live(ctx, samples: np.ndarray, **params) -> list[dict]:
+    data = (np.round(samples * 32768).clip(-32768, 32767).astype("<i2")).tobytes()
+    with deepgram_client(ctx).listen.v1.connect(model="nova-3", encoding="linear16", sample_rate=16000,
+                                                **params) as socket:
+        for i in range(0, len(data), 3200):
+            socket.send_media(data[i : i + 3200])
+        socket.send_close_stream()
+        return [m.model_dump(exclude_none=True) for m in socket if m.type == "Results"]
+
+
+async def test_deepgram_live_words_carry_the_offline_speaker_and_finals_keep_it(engine, sortformer, dialogue):
+    pytest.importorskip("deepgram")
+    import trio
+
+    probs = offline(sortformer, dialogue)
+    async with running_server(engine) as ctx:
+        messages = await trio.to_thread.run_sync(
+            lambda: deepgram_live(ctx, dialogue, diarize="true", interim_results="true"))
+    finals = [w for m in messages if m["is_final"] for w in m["channel"]["alternatives"][0]["words"]]
+    assert finals and [w["speaker"] for w in finals] == [word_speaker(probs, w["start"], w["end"], 4) for w in finals]
+    final_speaker = {(w["word"], w["start"]): w["speaker"] for w in finals}
+    interims = [w for m in messages if not m["is_final"] for w in m["channel"]["alternatives"][0]["words"]]
+    assert interims and all("speaker" in w for w in interims)
+    complete = [w for w in interims if (w["word"], w["start"]) in final_speaker]
+    assert complete and all(final_speaker[(w["word"], w["start"])] == w["speaker"] for w in complete)
+
+
+async def test_deepgram_prerecorded_words_carry_speaker_and_confidence(engine, sortformer, dialogue):
+    pytest.importorskip("deepgram")
+    import trio
+    from helpers import audio_file
+
+    probs = offline(sortformer, dialogue)
+    async with running_server(engine) as ctx:
+        response = await trio.to_thread.run_sync(lambda: deepgram_client(ctx).listen.v1.media.transcribe_file(
+            request=audio_file(dialogue), diarize=True).model_dump(exclude_none=True))
+    words = response["results"]["channels"][0]["alternatives"][0]["words"]
+    assert words and [w["speaker"] for w in words] == [word_speaker(probs, w["start"], w["end"], 4) for w in words]
+    assert all(0 <= w["speaker_confidence"] <= 1 for w in words)
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "TRUE"])
+async def test_deepgram_refuses_a_diarize_that_is_not_true_or_false(engine, value):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+    import trio
+
+    async with running_server(engine) as ctx:
+        address = f"ws://127.0.0.1:{ctx.config.ports['ws']}/v1/listen?encoding=linear16&sample_rate=16000&diarize={value}"
+
+        def attempt():
+            with pytest.raises(InvalidStatus) as info:
+                connect(address)
+            return info.value.response
+
+        response = await trio.to_thread.run_sync(attempt)
+    assert response.status_code == 400 and b"INVALID_QUERY_PARAMETER" in response.body and b"diarize" in response.body
+
+
+async def test_deepgram_without_a_diarizer_refuses_diarize_and_serves_the_rest(plain_engine, dialogue):
+    pytest.importorskip("deepgram")
+    import trio
+    from deepgram.core.api_error import ApiError
+    from helpers import audio_file
+
+    async with running_server(plain_engine) as ctx:
+        with pytest.raises(ApiError) as error:
+            await trio.to_thread.run_sync(lambda: deepgram_client(ctx).listen.v1.media.transcribe_file(
+                request=audio_file(dialogue), diarize=True))
+        messages = await trio.to_thread.run_sync(lambda: deepgram_live(ctx, dialogue))
+    assert error.value.status_code == 400 and "--diarizer" in str(error.value.body)
+    assert messages and all("speaker" not in w for m in messages for w in m["channel"]["alternatives"][0]["words"])
