@@ -99,7 +99,7 @@ class Conversations:
         self.max_speakers = max_speakers
         self.seconds = seconds
 
-    def draw(self, rng: random.Random, speakers: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def draw(self, rng: random.Random, speakers: int | None = None, overlap: bool = True) -> tuple[np.ndarray, np.ndarray]:
         speakers = speakers or rng.choices([1, 2, 3], [0.1, 0.6, 0.3])[0]
         cast = rng.sample(self.voices, min(speakers, self.max_speakers))
         gains = [10 ** (rng.uniform(-6, 0) / 20) for _ in cast]
@@ -111,7 +111,7 @@ class Conversations:
                 break
             placed.append((at, who, u))
             end = at + u.samples.size
-            gap = rng.uniform(-0.8, -0.2) if rng.random() < 0.15 and len(cast) > 1 else rng.uniform(0.1, 1.0)
+            gap = rng.uniform(-0.8, -0.2) if overlap and rng.random() < 0.15 and len(cast) > 1 else rng.uniform(0.1, 1.0)
             at = max(end + int(gap * RATE), placed[-1][0] + u.samples.size // 2)
         total = max(a + u.samples.size for a, _, u in placed) + int(rng.uniform(0.2, 1.0) * RATE)
         audio, on = np.zeros(total, np.float32), np.zeros((total // HOP + 1, len(cast)), bool)

@@ -15,7 +15,6 @@ false and confused speech over all speech, 80 ms frames, speakers matched by the
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import itertools
 import json
@@ -31,6 +30,7 @@ import torch
 import yaml
 from torch.nn import functional as F
 
+from parakeet_stream.engine.diarizer import live_streaming
 from parakeet_stream.model.config import EncoderConfig, FeatureConfig
 from parakeet_stream.model.sortformer import Sortformer, SortformerConfig, StreamingConfig, length_mask
 from parakeet_stream.model.sortformer_streaming import StreamingSortformer
@@ -43,11 +43,6 @@ CONFIG = SortformerConfig(
     encoder=EncoderConfig(feat_in=80, n_layers=4, d_model=96, n_heads=4, subsampling_channels=64, conv_kernel_size=9,
                           xscaling=True, use_bias=True, att_context_sizes=((-1, -1),)),
     tf_layers=2, tf_d_model=96, tf_heads=4, tf_inner=256, n_spk=SPEAKERS, streaming=StreamingConfig())
-
-
-def live_streaming(model: Sortformer) -> StreamingConfig:
-    return dataclasses.replace(model.cfg.streaming, chunk_len=6, chunk_left_context=1, chunk_right_context=7,
-                               fifo_len=188, spkcache_len=188, spkcache_update_period=144)
 
 
 def log(msg: str) -> None:
