@@ -339,3 +339,30 @@ def test_serve_sh_installs_torch_from_the_index_it_is_given(tmp_path, index):
     calls = (tmp_path / "calls").read_text().splitlines()
     torch_lines = [f"pip install -q --no-deps --retries 0 --timeout 15 torch==2.13.0 --index-url {index}"] if index else []
     assert calls == [*torch_lines, "pip install -q torch==2.13.0", "pip install -q -e .", "parakeet-serve --model demo"]
+
+
+DIARIZER = "testorg/tiny-sortformer"
+SORTFORMER_NEMO = (ROOT / "tests" / "fixtures" / "nemo" / "sortformer_tiny.nemo").read_bytes()
+LOAD_DIARIZER = ("from parakeet_stream.engine.diarizer import load_diarizer\n"
+                 "import sys; print(load_diarizer(sys.argv[1]).cfg.n_spk)")
+
+
+def load_diarizer(name: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", LOAD_DIARIZER, name], capture_output=True, text=True, env=env,
+                          timeout=TIMEOUT, cwd=ROOT)
+
+
+def test_a_diarizer_by_hub_name_downloads_once_then_loads_without_the_hub(tmp_path):
+    fake = FakeHub({DIARIZER: Repo({"diar.nemo": SORTFORMER_NEMO}), TINY: Repo({"eou_tiny.nemo": TINY_NEMO})})
+    env = hub_env(tmp_path, fake.url)
+    try:
+        first = load_diarizer(DIARIZER, env)
+        assert first.returncode == 0 and first.stdout.split() == ["4"], first.stderr
+        assert f"downloading {DIARIZER}" in first.stderr
+        refused = load_diarizer(TINY, env)  # a recogniser is no diarizer: refused before its weights
+        assert refused.returncode == 1 and f"{TINY} is not a Streaming Sortformer" in refused.stderr
+        assert fake.file_bytes_sent(TINY_NEMO) < 16 * 1024
+    finally:
+        fake.stop()
+    again = load_diarizer(DIARIZER, env | {"HF_HUB_OFFLINE": "1"})  # no hub at all now
+    assert again.returncode == 0 and again.stdout.split() == ["4"] and "downloading" not in again.stderr

@@ -24,8 +24,10 @@ import torch
 
 from ..audio import SAMPLE_RATE
 from ..model.config import UnsupportedModel
+from ..model import hub
+from ..model.registry import NAMED_DIARIZERS, REPO_WEIGHTS
 from ..model.features import FeatureStream
-from ..model.sortformer import Sortformer, StreamingConfig
+from ..model.sortformer import Sortformer, SortformerConfig, StreamingConfig
 from ..model.sortformer_streaming import SortformerState, StreamingSortformer
 from .results import StreamResult
 from .step import Step, StepItem
@@ -35,9 +37,29 @@ LIVE_STREAMING = dict(chunk_len=6, chunk_left_context=1, chunk_right_context=7, 
                       spkcache_update_period=144)
 
 
-def load_diarizer(path: str | Path) -> Sortformer:
-    """A Streaming Sortformer from its .nemo file, or from a folder holding one."""
-    path = Path(path)
+def diarizer_path(name: str | Path) -> Path:
+    """Where a `--diarizer` is: `demo` (bundled: synthetic voices only, as the demo recogniser),
+    `sortformer` (NVIDIA's four-speaker model) or ORG/NAME[@REVISION] from the Hugging Face hub
+    (downloaded once), a .nemo file or a folder holding one."""
+    name = str(name)
+    repo = NAMED_DIARIZERS.get(name, name)
+    if repo is None:
+        return REPO_WEIGHTS / "demo-diarizer"
+    if not Path(name).exists() and hub.is_hub_name(repo):
+        return hub.checkpoint(repo, _check_sortformer)
+    return Path(name)
+
+
+def _check_sortformer(cfg: dict, repo: str) -> None:
+    try:
+        SortformerConfig.from_nemo(cfg)
+    except (UnsupportedModel, KeyError, TypeError, ValueError) as exc:
+        raise UnsupportedModel(f"{repo} is not a Streaming Sortformer this server runs: {exc}") from None
+
+
+def load_diarizer(name: str | Path) -> Sortformer:
+    """A Streaming Sortformer by name, or from its .nemo file or a folder holding one (diarizer_path)."""
+    path = diarizer_path(name)
     if path.is_dir():
         found = sorted(path.glob("*.nemo"))
         if len(found) != 1:

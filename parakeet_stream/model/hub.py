@@ -24,11 +24,13 @@ import re
 import shutil
 import sys
 import tarfile
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
+from .config import UnsupportedModel
 from .convert import ConvertError, convert_nemo, model_config
 from .errors import ModelNotFound
 from .registry import HUB_ALIASES as ALIASES
@@ -89,11 +91,8 @@ def _complete(folder: Path) -> bool:
 def cached(name: str) -> Path | None:
     """The converted folder for a hub name if the cache has it; never touches the network."""
     repo, revision = parse(name)
-    commit = revision if COMMIT.fullmatch(revision) else None
-    ref = _repo_dir(repo) / "refs" / revision
-    if commit is None and ref.is_file():
-        commit = ref.read_text().strip()
-    folder = _repo_dir(repo) / commit if commit and COMMIT.fullmatch(commit) else None
+    commit = revision if COMMIT.fullmatch(revision) else _ref(repo, revision)
+    folder = _repo_dir(repo) / commit if commit else None
     return folder if folder is not None and _complete(folder) else None
 
 
@@ -123,6 +122,34 @@ def download(name: str) -> Path:
     return download_checkpoint(repo, commit, filename, size)
 
 
+def checkpoint(name: str, check: Callable[[dict, str], object]) -> Path:
+    """A hub repository's .nemo checkpoint as it is, not converted (the diarizer's): from the cache
+    without network once it was downloaded, else downloaded (its config checked by `check` first)."""
+    repo, revision = parse(name)
+    commit = revision if COMMIT.fullmatch(revision) else _ref(repo, revision)
+    link = _repo_dir(repo) / commit / "checkpoint.nemo" if commit else None
+    if link is not None and link.is_file():
+        return link
+    _check_online(repo)
+    commit, filename, size = remote_checkpoint(repo, revision)
+    nemo = download_checkpoint(repo, commit, filename, size, check=check)
+    link = _repo_dir(repo) / commit / "checkpoint.nemo"
+    try:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(nemo.resolve())
+    except OSError as exc:
+        raise HubError(f"cannot write the model cache {cache_root()}: {_reason(exc)}") from None
+    _write_ref(repo, revision, commit)
+    return link
+
+
+def _ref(repo: str, revision: str) -> str | None:
+    ref = _repo_dir(repo) / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else None
+    return commit if commit and COMMIT.fullmatch(commit) else None
+
+
 def remote_checkpoint(repo: str, revision: str) -> tuple[str, str, int | None]:
     """(commit, .nemo file name, its size) that `revision` of `repo` points to, asked of the hub."""
     from huggingface_hub import HfApi
@@ -138,9 +165,11 @@ def remote_checkpoint(repo: str, revision: str) -> tuple[str, str, int | None]:
 
 
 def download_checkpoint(
-    repo: str, commit: str, filename: str, size: int | None, converted_dir: Path | None = None
+    repo: str, commit: str, filename: str, size: int | None, converted_dir: Path | None = None,
+    check: Callable[[dict, str], object] = model_config,
 ) -> Path:
-    """Check the checkpoint's config, then download it; refuses unsupported models and full disks first."""
+    """Check the checkpoint's config (`check` raises for a model this server does not run), then
+    download it; refuses unsupported models and full disks first."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     local = try_to_load_from_cache(repo, filename, revision=commit)
@@ -151,8 +180,8 @@ def download_checkpoint(
     if cfg is not None:
 
         try:
-            model_config(cfg, repo)
-        except ConvertError as exc:
+            check(cfg, repo)
+        except (ConvertError, UnsupportedModel) as exc:
             raise HubError(str(exc)) from None
     _check_space(size, [_hub_cache(), converted_dir])
     print(f"downloading {repo} ({filename}, {_size(size)}) from {_endpoint()}", file=sys.stderr, flush=True)

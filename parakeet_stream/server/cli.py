@@ -95,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(NVIDIA's, downloaded and converted once), a Hugging Face ORG/NAME[@REVISION] or a model folder; "
                         "scripts/serve.sh passes --model small")
     p.add_argument("--diarizer", default="off",
-                   help="speaker diarization for the streams that ask for it: a Streaming Sortformer .nemo file (such "
-                        "as NVIDIA's diar_streaming_sortformer_4spk-v2) or a folder holding one; off: none (default)")
+                   help="speaker diarization for the streams that ask for it: demo (bundled, synthetic voices only), "
+                        "a Streaming Sortformer .nemo file (such as NVIDIA's diar_streaming_sortformer_4spk-v2) or a "
+                        "folder holding one; off: none (default)")
     p.add_argument("--device", default=AUTO, help="torch device: auto (cuda where torch sees a GPU, else cpu), cpu, "
                                                   "cuda or cuda:N")
     p.add_argument("--max-num-streams", type=_slots,
