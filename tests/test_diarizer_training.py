@@ -1,18 +1,25 @@
-"""The demo diarizer's training pieces: conversation labels, and the .nemo it writes loading back
-through the same reader as NVIDIA's checkpoints."""
+"""The demo diarizer: its training pieces (conversation labels, the .nemo it writes loading back
+through the same reader as NVIDIA's checkpoints) and the bundled one telling voices apart."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import shutil
 
 import numpy as np
+import pytest
 import torch
+from helpers import collect_until_final, pcm16_exact
 
 from demo_model.conversations import FRAME, HOP, Conversations, Utterance, activity
+from demo_model.speech import synth
 from demo_model.train_diarizer import CONFIG, SPEAKERS, der, export, loss_of, stream
+from parakeet_stream.engine import ASREngine
 from parakeet_stream.model.config import EncoderConfig
 from parakeet_stream.model.sortformer import Sortformer
+from parakeet_stream.server.streams.speakers import SpeakerTimeline
+from parakeet_stream.server.streams.words import WordTracker
 
 RATE = 16000
 
@@ -88,3 +95,38 @@ def test_a_training_step_lowers_the_loss_on_its_batch():
         loss.backward()
         opt.step()
     assert loss.item() < 0.5 * first.item()
+
+
+TURNS = [("en-us", "the weather today is cold and windy in the north"),
+         ("en-us+f3", "she would like to book a table for two people tonight"),
+         ("en-us", "then we should leave before the train arrives")]
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
+def test_the_bundled_demo_diarizer_gives_each_turn_of_a_dialogue_its_speaker():
+    """`--diarizer demo` as a user starts it: two voices, the first speaking again after the second."""
+    pause, parts, spans, at = np.zeros(RATE // 2, np.float32), [], [], 0.0
+    for i, (voice, text) in enumerate(TURNS):
+        samples = pcm16_exact(synth({"voice": voice, "variant": "default", "speed": 160, "pitch": 50, "text": text}, seed=i))
+        parts += [samples, pause]
+        spans.append((at, at + samples.size / RATE))
+        at += (samples.size + pause.size) / RATE
+    with ASREngine("demo", diarizer="demo", max_num_streams=2) as engine:
+        words = native_words(engine, np.concatenate(parts))
+    by_turn = [[w["speaker"] for w in words if a - 0.1 <= (w["start"] + w["end"]) / 2 <= b + 0.1] for a, b in spans]
+    assert all(len(speakers) >= 6 for speakers in by_turn), by_turn
+    for speakers, expected in zip(by_turn, (0, 1, 0)):  # numbered in the order they first spoke
+        assert speakers.count(expected) >= 0.9 * len(speakers), by_turn
+
+
+def native_words(engine: ASREngine, audio: np.ndarray) -> list[dict]:
+    """The stream's words with their speakers, made as the native protocol makes them."""
+    sid = engine.create_stream(diarize=True)
+    for i in range(0, audio.size, 2560):
+        engine.push_audio(sid, audio[i : i + 2560])
+    engine.finalize(sid)
+    tracker, speakers, words = WordTracker(engine.info), SpeakerTimeline(engine.info, engine.info.speakers), []
+    for result in collect_until_final(engine, sid):
+        speakers.add(result)
+        words += speakers.label(tracker.update(result, result.audio_seconds, close=result.is_final))
+    return words
