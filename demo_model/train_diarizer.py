@@ -4,6 +4,7 @@ like NVIDIA's. Resumable: run it again with the same --out and it goes on from i
 
     python -m demo_model.train_diarizer --minutes 60             # trains, evaluates, exports
     python -m demo_model.train_diarizer --minutes 0 --export-only   # exports the last checkpoint
+    python -m demo_model.train_diarizer --init weights/demo-diarizer --out results/more   # continues the bundled one
 
 Training sees whole conversations cut at a random point (so that the last frames are decided with
 as little future as streaming gives them), one sigmoid per speaker, speakers in the order they first
@@ -30,7 +31,7 @@ import torch
 import yaml
 from torch.nn import functional as F
 
-from parakeet_stream.engine.diarizer import live_streaming
+from parakeet_stream.engine.diarizer import live_streaming, load_diarizer
 from parakeet_stream.model.config import EncoderConfig, FeatureConfig
 from parakeet_stream.model.sortformer import Sortformer, SortformerConfig, StreamingConfig, length_mask
 from parakeet_stream.model.sortformer_streaming import StreamingSortformer
@@ -174,6 +175,7 @@ def main(argv=None) -> int:
     ap.add_argument("--export", type=Path, default=Path("weights/demo-diarizer/diarizer.nemo"))
     ap.add_argument("--minutes", type=float, default=60.0, help="training time this run")
     ap.add_argument("--export-only", action="store_true")
+    ap.add_argument("--init", type=Path, help="start from this .nemo's weights (without a checkpoint in --out)")
     ap.add_argument("--voices", type=int, default=160)
     ap.add_argument("--per-voice", type=int, default=6)
     ap.add_argument("--batch", type=int, default=8)
@@ -193,6 +195,9 @@ def main(argv=None) -> int:
         opt.load_state_dict(saved["opt"])
         step = int(saved["step"])
         log(f"resumed at step {step}")
+    elif args.init:
+        model.load_state_dict(load_diarizer(args.init).float().state_dict())
+        log(f"initialised from {args.init}")
     train, test = pools(args.out, args)
     stop, end, rng = [False], time.monotonic() + args.minutes * 60, random.Random(step)
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))

@@ -28,7 +28,7 @@ def fits(plan, free, slot, stream) -> bool:
 
 
 @pytest.mark.parametrize("free,slot,stream", [(75 * GB, 9 * MB, 40 * MB), (75 * GB, 2 * MB, 5 * MB),
-                                              (8 * GB, 9 * MB, 200 * MB), (1 * GB, 50 * MB, 300 * MB)])
+                                              (8 * GB, 9 * MB, 200 * MB), (1 * GB, 50 * MB, 250 * MB)])
 def test_auto_fills_the_memory_with_slots_and_leaves_room_for_the_steps(free, slot, stream):
     plan = plan_memory(free, slot, stream)
     assert fits(plan, free, slot, stream)

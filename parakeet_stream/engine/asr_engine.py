@@ -235,7 +235,7 @@ class ASREngine:
     # --- one step, in order: schedule -> pre-encode -> encode -> decode -> results -> postprocess -> publish
     def step(self) -> Step | None:
         """One whole step on the calling thread (None once the engine stopped): what the stage threads
-        run spread out, two steps in flight (`_route`). For a caller that drives the engine itself
+        run spread out, a step in flight per stage thread (`_route`). For a caller that drives the engine itself
         (tests, tools): the engine must not be started, or its threads take the steps."""
         step = self.scheduler.schedule()  # the streams to run and their chunks (blocks until there are)
         if step is not None and self.pipeline.run(self._whole_step, step):  # model stages, then results

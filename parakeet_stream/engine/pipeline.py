@@ -1,4 +1,4 @@
-"""The stage threads: one thread per `Stage`, joined by FIFO queues, two steps in flight.
+"""The stage threads: one thread per `Stage`, joined by FIFO queues, a step in flight per stage thread.
 
 A `Stage` runs one or more of the engine's stages in turn (on a CPU whose every core is in the
 encoder's team, one thread runs them all, one step at a time). The first thread takes each step
@@ -32,9 +32,12 @@ from .step import Step
 
 log = logging.getLogger(__name__)
 
-# Steps in flight (the Scheduler starts no more): with a thread per stage, one step's decode
-# overlaps the next one's encode, and on CUDA the host prepares a step while the device runs the other.
-DEPTH = 2
+# Steps in flight (the Scheduler starts no more): one per stage thread, so that every stage works
+# on a step of its own (pre-encode prepares the next while one encodes and another decodes). With
+# two, the pre-encode thread sat idle until the oldest step's decode was done: at 2,048 streams
+# (benchmarks.host --service) steps alternated large and small and latency grew to seconds with
+# the host's threads half idle (docs/performance.md).
+DEPTH = 3
 _STOP = object()
 # A stage's run on one step longer than this (or than STALL_FACTOR times the longest run that ended)
 # is a stall: a GPU step takes milliseconds and a CPU step of `large` at its largest batch about 2 s,
