@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import Raw, audio_messages, collect_until_final, pcm16_exact, running_server, tokens_of, url
+from helpers import Raw, audio_messages, collect_until_final, metric, pcm16_exact, running_server, tokens_of, url
 
 from demo_model.speech import synth
+from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine, EngineError
 from parakeet_stream.engine.diarizer import live_streaming
 from parakeet_stream.model.sortformer import Sortformer
@@ -265,3 +267,154 @@ async def test_deepgram_without_a_diarizer_refuses_diarize_and_serves_the_rest(p
         messages = await trio.to_thread.run_sync(lambda: deepgram_live(ctx, dialogue))
     assert error.value.status_code == 400 and "--diarizer" in str(error.value.body)
     assert messages and all("speaker" not in w for m in messages for w in m["channel"]["alternatives"][0]["words"])
+
+
+
+# -- Riva, streaming and offline, through the official client -------------------------------------
+
+
+def riva_config(**diarization):
+    """What riva.client's scripts send; `diarization`: add_speaker_diarization_to_config's arguments."""
+    import riva.client
+
+    config = riva.client.RecognitionConfig(encoding=riva.client.AudioEncoding.LINEAR_PCM, sample_rate_hertz=16000,
+                                           language_code="en-US", enable_word_time_offsets=True)
+    if diarization:
+        riva.client.add_speaker_diarization_to_config(config, **diarization)
+    return config
+
+
+def riva_calls(ctx, samples: np.ndarray, config) -> list:
+    """A streaming call's results (with interim results) and an offline call's, or the RpcError of each."""
+    import riva.client
+
+    asr = riva.client.ASRService(riva.client.Auth(uri=f"127.0.0.1:{ctx.config.ports['grpc']}", use_ssl=False))
+    pcm = encode_audio(samples, "pcm16")
+    pieces = (pcm[i : i + 3200] for i in range(0, len(pcm), 3200))
+    streaming = riva.client.StreamingRecognitionConfig(config=config, interim_results=True)
+    return [outcome(lambda: [r for out in asr.streaming_response_generator(pieces, streaming) for r in out.results]),
+            outcome(lambda: list(asr.offline_recognize(pcm, config).results))]
+
+
+def outcome(call):
+    """What `call()` returns, or the grpc.RpcError it raises."""
+    import grpc
+
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        return exc
+
+
+def final_words(results) -> list:
+    return [w for r in results if getattr(r, "is_final", True) for w in r.alternatives[0].words]
+
+
+def final_text(results) -> str:
+    return "".join(r.alternatives[0].transcript for r in results if getattr(r, "is_final", True)).strip()
+
+
+def diarized(most: int) -> dict:
+    return {"diarization_enable": True, "diarization_max_speakers": most}
+
+
+async def test_riva_final_words_carry_the_offline_speaker_tag(engine, sortformer, dialogue):
+    import trio
+
+    probs = offline(sortformer, dialogue)
+    asked = {"all": diarized(0), "clamped": diarized(1000), "two": diarized(2), "one": diarized(1), "off": {}}
+    async with running_server(engine) as ctx:
+        calls = {name: await trio.to_thread.run_sync(riva_calls, ctx, dialogue, riva_config(**fields))
+                 for name, fields in asked.items()}
+    spoken = [w.word for w in final_words(calls["off"][0])]
+    for name, most in (("all", 4), ("clamped", 4), ("two", 2), ("one", 1)):
+        for results in calls[name]:  # streaming, offline
+            words = final_words(results)
+            assert [w.word for w in words] == spoken, name
+            # numbered from 1, as riva_asr.proto says (0: no speaker)
+            want = [word_speaker(probs, w.start_time / 1000, w.end_time / 1000, most) + 1 for w in words]
+            assert [w.speaker_tag for w in words] == want, name
+            assert all(1 <= tag <= most for tag in want)
+    assert len({w.speaker_tag for w in final_words(calls["all"][0])}) > 1  # the fixture tells the voices apart
+    assert spoken and all(w.speaker_tag == 0 for results in calls["off"] for w in final_words(results))
+    interims = [r for r in calls["all"][0] if not r.is_final]
+    assert interims and not any(r.alternatives[0].words for r in interims)  # as Riva's: words on finals only
+
+
+async def test_riva_diarization_gives_words_without_word_time_offsets(engine, dialogue):
+    import trio
+
+    config = riva_config(**diarized(2))
+    config.enable_word_time_offsets = False
+    async with running_server(engine) as ctx:
+        calls = await trio.to_thread.run_sync(riva_calls, ctx, dialogue, config)
+    for results in calls:
+        words = final_words(results)
+        assert words and all(1 <= w.speaker_tag <= 2 for w in words)
+        assert " ".join(w.word for w in words) == final_text(results)
+
+
+async def test_riva_refuses_a_negative_max_speaker_count(engine, dialogue):
+    import grpc
+    import trio
+
+    async with running_server(engine) as ctx:
+        refused = await trio.to_thread.run_sync(riva_calls, ctx, dialogue, riva_config(**diarized(-1)))
+        served = await trio.to_thread.run_sync(riva_calls, ctx, dialogue, riva_config(**diarized(2)))
+    for error in refused:
+        assert isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "max_speaker_count" in error.details()
+    assert all(final_words(results) for results in served)
+
+
+async def test_riva_without_a_diarizer_refuses_diarization_and_serves_the_rest(plain_engine, dialogue):
+    import grpc
+    import trio
+
+    async with running_server(plain_engine) as ctx:
+        refused = await trio.to_thread.run_sync(riva_calls, ctx, dialogue, riva_config(**diarized(2)))
+        served = await trio.to_thread.run_sync(riva_calls, ctx, dialogue, riva_config())
+        counted = metric(ctx.metrics.render(), 'parakeet_errors_total{code="diarization_unavailable"}')
+    for error in refused:
+        assert isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "--diarizer" in error.details()
+    assert counted == len(refused)
+    for results in served:
+        assert final_text(results) and all(w.speaker_tag == 0 for w in final_words(results))
+
+
+def livekit_speakers(port: int, samples: np.ndarray, most: int) -> list[tuple[str, str | None]]:
+    """LiveKit Agents' NVIDIA plugin with diarization, fed 20 ms frames then ended: (text, speaker_id) per final."""
+    import asyncio
+
+    from livekit import rtc
+    from livekit.agents.stt import SpeechEventType
+    from livekit.plugins import nvidia
+
+    pcm = encode_audio(samples, "pcm16")
+
+    async def main() -> list[tuple[str, str | None]]:
+        stt = nvidia.STT(server=f"127.0.0.1:{port}", use_ssl=False, enable_diarization=True, max_speaker_count=most)
+        stream = stt.stream()
+        for frame in (pcm[i : i + 640] for i in range(0, len(pcm), 640)):
+            stream.push_frame(rtc.AudioFrame(frame, 16000, 1, len(frame) // 2))
+        stream.end_input()
+        finals = [(e.alternatives[0].text, e.alternatives[0].speaker_id) async for e in stream
+                  if e.type == SpeechEventType.FINAL_TRANSCRIPT]
+        await stt.aclose()
+        return finals
+
+    return asyncio.run(asyncio.wait_for(main(), 60))
+
+
+async def test_livekit_nvidia_plugin_gets_speakers(engine, dialogue):
+    pytest.importorskip("livekit.plugins.nvidia")  # plugins register on the main thread, as at an agent's import
+    import trio
+
+    async with running_server(engine) as ctx:
+        finals = await trio.to_thread.run_sync(livekit_speakers, ctx.config.ports["grpc"], dialogue, 2)
+        streaming, _ = await trio.to_thread.run_sync(riva_calls, ctx, dialogue, riva_config(**diarized(2)))
+    want = []  # the plugin's speaker_id: "S" and the final's most frequent speaker_tag
+    for final in (r.alternatives[0] for r in streaming if r.is_final):
+        want.append((final.transcript, f"S{Counter(w.speaker_tag for w in final.words).most_common(1)[0][0]}"))
+    assert len(finals) >= 2 and finals == want

@@ -301,8 +301,8 @@ REFUSED = {
     "opus": ({"encoding": riva_client.AudioEncoding.OGGOPUS}, "encoding OGGOPUS"),
     "german": ({"language_code": "de-DE"}, "English"),
     "stereo": ({"audio_channel_count": 2}, "mono"),
-    "diarization": (
-        {"diarization_config": rasr.SpeakerDiarizationConfig(enable_speaker_diarization=True)}, "diarization"
+    "diarization": (  # this server has no diarizer (tests/test_diarization.py has one)
+        {"diarization_config": rasr.SpeakerDiarizationConfig(enable_speaker_diarization=True)}, "--diarizer"
     ),
     "rate": ({"sample_rate_hertz": 1000}, "sample_rate_hertz"),
 }

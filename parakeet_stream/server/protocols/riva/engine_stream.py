@@ -25,7 +25,7 @@ from .errors import SHUTTING_DOWN, RivaError
 
 class RivaStream:
     def __init__(self, engine: EngineAPI, config: ServerConfig, phrases: tuple[Phrase, ...] = (),
-                 language: str | None = None) -> None:
+                 language: str | None = None, diarize: bool = False) -> None:
         self.engine = engine
         self._config = config
         self._loop = asyncio.get_running_loop()
@@ -34,12 +34,14 @@ class RivaStream:
         self.finalized_at: float | None = None
         self.failure: RivaError | None = None
         self.phrases, self.language = phrases, language or engine.info.default_language
+        self.diarize = diarize
         self.stream = self._open()
 
     def _open(self) -> EngineStream:
         try:
             stream = EngineStream(self.engine, partial(_wake, self._loop, self._changed), backlog_samples(self._config),
-                                  self._config.max_stream_seconds, phrases=self.phrases, language=self.language)
+                                  self._config.max_stream_seconds, phrases=self.phrases, language=self.language,
+                                  diarize=self.diarize)
         except QueueFull:
             raise RivaError("queue_full", "every slot is busy and the waiting queue is full") from None
         except PhraseError as exc:  # a phrase too many tokens long for the model
@@ -47,11 +49,11 @@ class RivaStream:
         self._changed.set()
         return stream
 
-    def reopen(self, phrases: tuple[Phrase, ...], language: str | None) -> None:
+    def reopen(self, phrases: tuple[Phrase, ...], language: str | None, diarize: bool) -> None:
         """Before any audio: the engine stream is replaced by one that boosts `phrases` in
-        `language` (at the back of the queue if there is one)."""
+        `language`, with speakers where `diarize` (at the back of the queue if there is one)."""
         self.stream.release()
-        self.phrases, self.language = phrases, language
+        self.phrases, self.language, self.diarize = phrases, language, diarize
         self.stream = self._open()
 
     @property

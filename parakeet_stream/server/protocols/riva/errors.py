@@ -8,6 +8,7 @@ STATUS: dict[str, grpc.StatusCode] = {
     "invalid_message": grpc.StatusCode.INVALID_ARGUMENT,  # malformed protobuf, messages out of order
     "invalid_config": grpc.StatusCode.INVALID_ARGUMENT,  # a RecognitionConfig we cannot serve
     "invalid_phrases": grpc.StatusCode.INVALID_ARGUMENT,  # speech_contexts beyond a limit
+    "diarization_unavailable": grpc.StatusCode.INVALID_ARGUMENT,  # speakers asked of a server without --diarizer
     "unauthorized": grpc.StatusCode.UNAUTHENTICATED,
     "queue_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "server_shutdown": grpc.StatusCode.UNAVAILABLE,  # draining: reconnect (to another replica)

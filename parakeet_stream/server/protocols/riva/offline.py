@@ -15,7 +15,7 @@ from ...context import ServerContext
 from .audio_input import AudioInput
 from .engine_stream import RivaStream
 from .errors import RivaError
-from .options import model_language, parse_config
+from .options import model_language, parse_config, speaker_count
 from .streaming import CHANNEL_TAG
 from .transcript import Transcript
 
@@ -34,9 +34,11 @@ class OfflineCall:
         options = parse_config(request.config)
         audio = AudioInput(options)
         language = model_language(self.ctx.engine, options)
-        self.stream = RivaStream(self.ctx.engine, self.ctx.config, options.phrases, language)
+        speakers = speaker_count(self.ctx.engine, options)
+        self.stream = RivaStream(self.ctx.engine, self.ctx.config, options.phrases, language, options.diarize)
         self.ctx.metrics.streams.labels("riva").inc()
-        transcript = Transcript(self.ctx.engine.info, interim=False, words=options.word_time_offsets)
+        transcript = Transcript(self.ctx.engine.info, interim=False, words=options.word_time_offsets,
+                                max_speakers=speakers)
         feeder = asyncio.ensure_future(self._feed(audio, request.audio))
         results = []
         try:

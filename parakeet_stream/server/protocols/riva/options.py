@@ -4,14 +4,17 @@ Served: `encoding` LINEAR_PCM / MULAW / ALAW (or unset: a WAV header, else LINEA
 `sample_rate_hertz` (resampled), `interim_results`, `enable_word_time_offsets`, `language_code` (a
 language the model transcribes: English for the English models, `model_language`), and
 `speech_contexts` (word boosting: every phrase of every context is a key phrase, its `boost`
-divided by BOOST_PER_WEIGHT is the phrase's weight, 0 or unset the default weight).
+divided by BOOST_PER_WEIGHT is the phrase's weight, 0 or unset the default weight), and
+`diarization_config` (each final word's speaker, with the server's --diarizer; `max_speaker_count`
+0 or unset: all the diarizer's speakers, more than it has: clamped to them).
 Accepted and ignored, because they only tune what NVIDIA's models do (our model decides its own
 punctuation and endpoints): `model`, `max_alternatives` (one is returned), `profanity_filter`,
 `enable_automatic_punctuation`, `verbatim_transcripts`, `endpointing_config`,
 `custom_configuration`, `enable_separate_recognition_per_channel` (one channel), `runtime_config`.
 Refused (INVALID_ARGUMENT), because the answer would silently differ from what was asked: a
-language the model does not transcribe, more than one channel, speaker diarization, FLAC or OGG/Opus audio, a negative boost
-(suppressing words), key phrases beyond their limits.
+language the model does not transcribe, more than one channel, FLAC or OGG/Opus audio, a negative
+boost (suppressing words), key phrases beyond their limits, a negative `max_speaker_count`, and
+diarization asked of a server without a diarizer (`diarization_unavailable`).
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from riva.client.proto.riva_audio_pb2 import AudioEncoding
 from .... import audio
 from ....engine import EngineError
 from ....engine.phrases import MAX_WEIGHT, Phrase, PhraseError, check_phrases
+from ...streams.speakers import checked_speakers
+from ...transport.codes import ProtocolError
 from .errors import RivaError
 
 ENCODINGS = {
@@ -44,6 +49,8 @@ class Options:
     word_time_offsets: bool = False
     phrases: tuple[Phrase, ...] = ()
     language: str | None = None  # language_code as asked (None: unset)
+    diarize: bool = False
+    max_speakers: int = 0  # max_speaker_count as asked (0: all)
 
 
 def parse_config(config: RecognitionConfig, interim_results: bool = False) -> Options:
@@ -53,8 +60,9 @@ def parse_config(config: RecognitionConfig, interim_results: bool = False) -> Op
         raise RivaError("invalid_config", f"encoding {name} is not supported: use LINEAR_PCM, MULAW or ALAW")
     if config.audio_channel_count > 1:
         raise RivaError("invalid_config", "audio_channel_count must be 1: only mono audio is supported")
-    if config.diarization_config.enable_speaker_diarization:
-        raise RivaError("invalid_config", "speaker diarization is not supported by this server")
+    diarization = config.diarization_config
+    if diarization.enable_speaker_diarization and diarization.max_speaker_count < 0:
+        raise RivaError("invalid_config", "diarization_config.max_speaker_count must be 0 (all speakers) or more")
     return Options(
         encoding=ENCODINGS[config.encoding],
         sample_rate=_rate(config.sample_rate_hertz),
@@ -62,6 +70,8 @@ def parse_config(config: RecognitionConfig, interim_results: bool = False) -> Op
         word_time_offsets=config.enable_word_time_offsets,
         phrases=_phrases(config.speech_contexts),
         language=config.language_code.strip() or None,
+        diarize=diarization.enable_speaker_diarization,
+        max_speakers=diarization.max_speaker_count,
     )
 
 
@@ -71,6 +81,18 @@ def model_language(engine, options: Options) -> str | None:
         return engine.check_language(options.language)
     except EngineError as exc:
         raise RivaError("invalid_config", f"language_code: {exc.message}") from None
+
+
+def speaker_count(engine, options: Options) -> int | None:
+    """The most speakers a diarized call tells apart (streams/speakers.py), None without
+    diarization; INVALID_ARGUMENT `diarization_unavailable` on a server without a diarizer."""
+    if not options.diarize:
+        return None
+    most = min(options.max_speakers, engine.info.speakers) or None
+    try:
+        return checked_speakers(engine.info, True, most)
+    except ProtocolError as exc:
+        raise RivaError(exc.code, f"diarization_config: {exc.message}") from None
 
 
 def _phrases(contexts) -> tuple[Phrase, ...]:

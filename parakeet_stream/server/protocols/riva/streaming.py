@@ -18,7 +18,7 @@ from ...streams.guard import message_units
 from .audio_input import AudioInput
 from .engine_stream import RivaStream
 from .errors import RivaError
-from .options import model_language, parse_config
+from .options import model_language, parse_config, speaker_count
 from .parsing import Malformed
 from .rate import MessageRate
 from .transcript import STABLE, Piece, Transcript
@@ -103,12 +103,14 @@ class StreamingCall:
         streaming = first.streaming_config
         options = parse_config(streaming.config, streaming.interim_results)
         language = model_language(self.ctx.engine, options)
-        if options.phrases or language != self.stream.language:
-            # no audio yet: the stream that waited for the config gives way to one that boosts them
-            self.stream.reopen(options.phrases, language)
+        speakers = speaker_count(self.ctx.engine, options)
+        if options.phrases or language != self.stream.language or options.diarize:
+            # no audio yet: the stream that waited for the config gives way to one that serves it
+            self.stream.reopen(options.phrases, language, options.diarize)
         self._request_id = first.id if first.HasField("id") else None
         self._audio = AudioInput(options)
-        self._transcript = Transcript(self.ctx.engine.info, options.interim_results, options.word_time_offsets)
+        self._transcript = Transcript(self.ctx.engine.info, options.interim_results, options.word_time_offsets,
+                                      speakers)
         return True
 
     async def _read_audio(self) -> None:
