@@ -300,7 +300,7 @@ def _notify(seqs: list[Sequence]) -> None:
 def check_diarize(info, diarize: bool) -> None:
     """EngineError `diarization_unavailable` where a stream asks for speakers the engine cannot give."""
     if diarize and not info.speakers:
-        raise EngineError("diarization_unavailable", "this server has no diarizer (parakeet-serve --diarizer PATH)")
+        raise EngineError("diarization_unavailable", "this server has no diarizer (parakeet-serve --diarizer demo|sortformer|PATH)")
 
 
 def _closed(seq: Sequence) -> EngineError | None:
