@@ -1,4 +1,5 @@
-"""The stage threads' watchdog (engine/pipeline.py): when one stage's run on one step is a stall."""
+"""The stage threads (engine/pipeline.py): a step in flight for each, and the watchdog that says when
+one stage's run on one step is a stall."""
 
 from __future__ import annotations
 
@@ -6,9 +7,48 @@ import queue
 import threading
 import time
 
-from parakeet_stream.engine.pipeline import STALL_FACTOR, Pipeline, Stage
-from parakeet_stream.engine.step import Step
+import numpy as np
+
+from parakeet_stream.engine.inbox import Inbox
+from parakeet_stream.engine.pipeline import DEPTH, STALL_FACTOR, Pipeline, Stage
 from parakeet_stream.engine.runner.cuda_streams import device_at
+from parakeet_stream.engine.scheduler import Scheduler
+from parakeet_stream.engine.sequence import Sequence
+from parakeet_stream.engine.step import Step
+from parakeet_stream.model.conformer import chunk_spec
+
+
+def test_each_stage_thread_works_on_a_step_of_its_own():
+    """While one step decodes and the next encodes, a third is planned and pre-encoded (with fewer
+    steps in flight than stage threads, the pre-encode thread would wait for the oldest one)."""
+    sch = Scheduler(2, 2, target=0.32, sample_rate=16000, max_in_flight=DEPTH)
+    inbox = Inbox(chunk_spec((70, 1), 8), 160, 512)
+    sch.add(Sequence(1, (70, 1), inbox, front=None, decoding=None))
+    pre_encoded, held, release = queue.Queue(), {"encode": threading.Event(), "decode": threading.Event()}, threading.Event()
+
+    def hold(stage: str, after: str | None = None):  # holds its steps (from the one after `after` held one)
+        def run(step: Step) -> None:
+            if after is None or held[after].is_set():
+                held[stage].set()
+                release.wait(10)
+        return run
+
+    stages = [Stage("pre-encode", (("pre-encode", pre_encoded.put),)), Stage("encode", (("encode", hold("encode", after="decode")),)),
+              Stage("decode", (("decode", hold("decode")),))]
+    pipeline = Pipeline(sch.schedule, stages, sch.postprocess, lambda step: sch.postprocess(step, failed=True))
+    pipeline.start()
+    try:
+        for chunk in range(3):  # a chunk at a time, each one step
+            inbox.add(np.zeros(inbox.samples_for(chunk) - inbox.samples_in, np.float32))
+            sch.chunk_ready()
+            pre_encoded.get(timeout=5)
+            if chunk < 2:
+                assert held[("decode", "encode")[chunk]].wait(5)  # the first holds decode, the second encode
+        assert not release.is_set() and len(sch._in_flight) == 3
+    finally:
+        release.set()
+        sch.stop()
+        pipeline.join(5)
 
 
 def test_a_stage_whose_steps_are_slow_by_nature_raises_its_own_stall_limit():
