@@ -295,6 +295,20 @@ class ServerProcess:
         self.proc.stderr.close()
 
 
+async def refused_handshake(address: str):
+    """The HTTP response of a WebSocket handshake the server refuses (websockets' client, in a thread)."""
+    import pytest
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    def attempt():
+        with pytest.raises(InvalidStatus) as info:
+            connect(address)
+        return info.value.response
+
+    return await trio.to_thread.run_sync(attempt)
+
+
 async def http_get(port: int, path: str) -> tuple[int, bytes]:
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import Raw, audio_messages, collect_until_final, metric, pcm16_exact, running_server, tokens_of, url
+from helpers import Raw, audio_messages, collect_until_final, metric, pcm16_exact, refused_handshake, running_server, tokens_of, url
 
 from demo_model.speech import synth
 from parakeet_stream.client import encode_audio
@@ -238,19 +238,9 @@ async def test_deepgram_prerecorded_words_carry_speaker_and_confidence(engine, s
 
 @pytest.mark.parametrize("value", ["yes", "1", "TRUE"])
 async def test_deepgram_refuses_a_diarize_that_is_not_true_or_false(engine, value):
-    from websockets.exceptions import InvalidStatus
-    from websockets.sync.client import connect
-    import trio
-
     async with running_server(engine) as ctx:
-        address = f"ws://127.0.0.1:{ctx.config.ports['ws']}/v1/listen?encoding=linear16&sample_rate=16000&diarize={value}"
-
-        def attempt():
-            with pytest.raises(InvalidStatus) as info:
-                connect(address)
-            return info.value.response
-
-        response = await trio.to_thread.run_sync(attempt)
+        response = await refused_handshake(
+            f"ws://127.0.0.1:{ctx.config.ports['ws']}/v1/listen?encoding=linear16&sample_rate=16000&diarize={value}")
     assert response.status_code == 400 and b"INVALID_QUERY_PARAMETER" in response.body and b"diarize" in response.body
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
-from helpers import Raw, running_server, transcribe_raw, url
+from helpers import Raw, refused_handshake, running_server, transcribe_raw, url
 
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine
@@ -225,18 +225,8 @@ async def test_close_stream_transcribes_the_rest_and_ends_no_turn(engine, wavs):
     ("redact=pii", "redact"), ("sample_rate=7", "sample_rate"), ("keyterm=" + "x" * 101, "keyterm"),
 ])
 async def test_a_query_it_cannot_honour_is_refused_like_deepgram(engine, query, named):
-    from websockets.exceptions import InvalidStatus
-    from websockets.sync.client import connect
-
     async with running_server(engine) as ctx:
-        port = ctx.config.ports["ws"]
-
-        def attempt():
-            with pytest.raises(InvalidStatus) as info:
-                connect(f"ws://127.0.0.1:{port}/v2/listen?{query}")
-            return info.value.response
-
-        response = await in_thread(attempt)
+        response = await refused_handshake(f"ws://127.0.0.1:{ctx.config.ports['ws']}/v2/listen?{query}")
     assert response.status_code == 400
     body = json.loads(response.body)
     assert body["err_code"] == "INVALID_QUERY_PARAMETER" and named in body["err_msg"]
