@@ -439,6 +439,26 @@ def test_past_what_ran_in_time_no_live_stream_is_admitted_for_a_while_after_a_li
     assert sch.stats()["queued"] == 0 and sch.stats()["active"] == PROVEN + 2
 
 
+def test_a_backlog_from_the_wait_for_a_slot_is_not_a_late_chunk_that_holds_admissions_back():
+    sch = Scheduler(PROVEN + 10, 10, target=0.32, sample_rate=RATE)
+    measured(sch, (1, 0.010), (2, 0.011))
+    seqs = [seq() for _ in range(PROVEN)]
+    assert all(sch.add(s) for s in seqs)
+    give_chunks(seqs[0], 3)
+    step = sch.schedule()
+    # its chunks came while it waited in the queue, a second before it took its slot, and the step
+    # carrying them ends more than the latency target after its admission: a catch-up, not a late step
+    step.items[0].ready_times[:] = [t - 2.0 for t in step.items[0].ready_times]
+    seqs[0].admitted_at -= 1.0
+    sch.postprocess(step)
+    assert sch.add(seq())
+    give_chunks(seqs[0], 1)
+    step = sch.schedule()
+    step.items[0].ready_times[0] -= 0.5  # a chunk that came after its admission and waited: late
+    sch.postprocess(step)
+    assert not sch.add(seq())
+
+
 def test_a_machine_slower_than_real_time_still_serves_one_live_stream_at_a_time():
     sch = Scheduler(4, 4, target=0.32, sample_rate=RATE)
     measured(sch, (1, 0.5), (2, 0.9))  # a round of one stream takes 0.5 s of a 0.16 s chunk

@@ -12,17 +12,18 @@ The line is fitted to the steps run so far, and a machine whose host work grows 
 load it has not run yet. So beyond the most live streams it has *proven* (at least PROVEN), live
 streams are let in a step at a time, at most a quarter more than are running (RAMP at least)
 between two steps or in PACE, and none for BEHIND_HOLD seconds after a step delivered a live chunk
-later than the latency target (a chunk that waited in the queue counts from its admission; such a
-step also takes back what it had proven). A step proves its live streams only when it was in time
-*with room to spare*: its rounds took at most HEADROOM of the chunk period. And past what was
-proven, a live stream is let in only where the last step with live chunks, with the line's cost per
-stream added for every live stream its round did not hold and one more, keeps its round within
-HEADROOM: the line is fitted to the steps of every load so
-far and a running server's own work (its connections' protocol on the same cores) makes its next
-steps dearer than the line says, so a burst on a fresh replica was let in past what the machine
-holds while the line still said yes; the last step measures the machine as it is now. The engine
-measures two batch sizes of steady chunks when it starts (calibration.py), so the line is known
-before the first client; without it, slots and that pace alone decide until steps are measured.
+later than the latency target (chunks that came while their stream waited in the queue do not
+count: they are a backlog the stream catches up on; such a step also takes back what it had
+proven). A step proves its live streams only when it was in time *with room to spare*: its rounds
+took at most HEADROOM of the chunk period. And past what was proven, a live stream is let in only
+where the last step with live chunks, with the line's cost per stream added for every live stream
+its round did not hold and one more, keeps its round within HEADROOM: the line is fitted to the
+steps of every load so far and a running server's own work (its connections' protocol on the same
+cores) makes its next steps dearer than the line says, so a burst on a fresh replica was let in
+past what the machine holds while the line still said yes; the last step measures the machine as it
+is now. The engine measures two batch sizes of steady chunks when it starts (calibration.py), so
+the line is known before the first client; without it, slots and that pace alone decide until steps
+are measured.
 Bulk streams (files) have no deadline: they fill what live streams leave, so slots alone decide
 for them.
 """

@@ -13,6 +13,7 @@ Admission (admission.py) decides whether a live stream may take a free slot now;
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
 import time
@@ -155,9 +156,7 @@ class Scheduler:
             if not failed:
                 if step.predicted_end is not None:
                     self.latency.step_done(now - step.predicted_end)
-                # a chunk that arrived while its stream waited for a slot is late by the wait, not by the engine
-                oldest = min((max(item.ready_times[0], item.seq.admitted_at) for item in step
-                              if item.ready_times and not item.seq.bulk), default=None)
+                oldest = _oldest_since_admission(step)
                 late = None if oldest is None else now - oldest > self.latency.target
                 self.admission.step_done([max(item.chunks, 1) for item in step], seconds, late,
                                          sum(step.seconds.values()), now)
@@ -311,6 +310,21 @@ def _behind(ready: list[Ready], now: float) -> dict:
     return {"streams_behind": sum(r.chunks > 1 for r in ready),
             "longest_backlog_chunks": max((r.chunks for r in ready), default=0),
             "oldest_chunk_wait_s": round(max(0.0, now - min((r.ready_at for r in ready), default=now)), 3)}
+
+
+def _oldest_since_admission(step: Step) -> float | None:
+    """The arrival of the step's oldest live chunk that arrived after its stream's admission (None:
+    none did). Chunks that arrived while their stream waited for a slot are late by the wait, not
+    by the engine: a stream admitted with seconds of them catches up over several steps, and
+    counting them, or their admission's time, as late held every admission back for BEHIND_HOLD
+    while the streams still waiting grew backlogs of their own (at 2,048 streams, seconds of them)."""
+    oldest = None
+    for item in step:
+        times = item.ready_times
+        if times and not item.seq.bulk and times[-1] >= item.seq.admitted_at:
+            first = times[bisect.bisect_left(times, item.seq.admitted_at)]
+            oldest = first if oldest is None else min(oldest, first)
+    return oldest
 
 
 def _has_live(step: Step) -> bool:
