@@ -4,7 +4,9 @@ A cue never spans two utterances; inside one it holds at most MAX_LINES lines of
 `max_line_chars` columns (Netflix's guideline: 42 characters, 2 lines; a wide CJK character takes
 two columns, so 21 of them), filled word by word; words join as the text writes them (no space
 between two words of Chinese or Japanese: text.py).
-A cue runs from its first word's start to its last word's end.
+A cue runs from its first word's start to its last word's end. Words with a `speaker` (a diarized
+transcript) give cues of one speaker each, named A, B, ... in the order they first speak: WebVTT
+writes it as the cue's voice (`<v A>`), SubRip before its first line (`[A] `).
 """
 from __future__ import annotations
 
@@ -22,17 +24,37 @@ class Cue:
     start: float
     end: float
     lines: tuple[str, ...]
+    speaker: str | None = None
 
 
 def cues(utterances: Iterable[list[dict]], max_line_chars: int = MAX_LINE_CHARS) -> list[Cue]:
     """Cues for utterances given as lists of words ({"word", "start", "end"}, in order)."""
     out: list[Cue] = []
+    names: dict[int, str] = {}
     for words in utterances:
-        for group in _cue_groups(words, max_line_chars):
-            lines = tuple(join_words(w["word"] for w in line) for line in group)
-            start, end = group[0][0]["start"], group[-1][-1]["end"]
-            out.append(Cue(start, max(start, end), lines))
+        for turn in speaker_turns(words):
+            speaker = turn[0].get("speaker")
+            name = None if speaker is None else names.setdefault(speaker, speaker_name(len(names)))
+            for group in _cue_groups(turn, max_line_chars):
+                lines = tuple(join_words(w["word"] for w in line) for line in group)
+                start, end = group[0][0]["start"], group[-1][-1]["end"]
+                out.append(Cue(start, max(start, end), lines, name))
     return out
+
+
+def speaker_turns(words: list[dict]) -> list[list[dict]]:
+    """The words in runs of one speaker each (one run where they have none)."""
+    turns: list[list[dict]] = []
+    for word in words:
+        if not turns or word.get("speaker") != turns[-1][-1].get("speaker"):
+            turns.append([])
+        turns[-1].append(word)
+    return turns
+
+
+def speaker_name(k: int) -> str:
+    """The k-th speaker's name as OpenAI's diarized transcripts write it: A, B, ..., Z, AA, AB, ..."""
+    return speaker_name(k // 26 - 1) + chr(65 + k % 26) if k >= 26 else chr(65 + k)
 
 
 def _cue_groups(words: list[dict], max_line_chars: int) -> list[list[list[dict]]]:
@@ -58,14 +80,24 @@ def _cue_groups(words: list[dict], max_line_chars: int) -> list[list[list[dict]]
 
 
 def srt(items: list[Cue]) -> str:
-    blocks = [f"{i}\n{_time(c.start, ',')} --> {_time(c.end, ',')}\n" + "\n".join(c.lines) for i, c in enumerate(items, 1)]
+    blocks = [f"{i}\n{_time(c.start, ',')} --> {_time(c.end, ',')}\n" + "\n".join(_named(c.lines, c.speaker, "[{}] "))
+              for i, c in enumerate(items, 1)]
     return "".join(block + "\n\n" for block in blocks)
 
 
 def vtt(items: list[Cue]) -> str:
-    blocks = [f"{_time(c.start, '.')} --> {_time(c.end, '.')}\n" + "\n".join(_escape(line) for line in c.lines)
+    blocks = [f"{_time(c.start, '.')} --> {_time(c.end, '.')}\n" +
+              "\n".join(_named([_escape(line) for line in c.lines], c.speaker and _escape(c.speaker), "<v {}>"))
               for c in items]
     return "WEBVTT\n\n" + "".join(block + "\n\n" for block in blocks)
+
+
+def _named(lines, speaker: str | None, form: str) -> list[str]:
+    """The lines, the first preceded by the speaker's name in `form` where there is one."""
+    lines = list(lines)
+    if speaker is not None and lines:
+        lines[0] = form.format(speaker) + lines[0]
+    return lines
 
 
 def _time(seconds: float, separator: str) -> str:

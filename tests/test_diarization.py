@@ -408,3 +408,79 @@ async def test_livekit_nvidia_plugin_gets_speakers(engine, dialogue):
     for final in (r.alternatives[0] for r in streaming if r.is_final):
         want.append((final.transcript, f"S{Counter(w.speaker_tag for w in final.words).most_common(1)[0][0]}"))
     assert len(finals) >= 2 and finals == want
+
+
+# -- OpenAI's file transcriptions, through the official SDK --------------------------------------
+
+
+def openai_transcribe(ctx, samples: np.ndarray, **params):
+    import openai
+    from helpers import audio_file
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{ctx.config.ports['http']}/v1", api_key="unused", max_retries=0)
+    return client.audio.transcriptions.create(file=("dialogue.wav", audio_file(samples)), **params)
+
+
+def turns(words: list, utterances: list, speaker_of) -> list[tuple[int, str]]:
+    """(speaker, text) of each run of one speaker's words inside one utterance (`utterances`: their spans)."""
+    out: list[tuple[int, str, int]] = []
+    for w in words:
+        utterance = next(i for i, u in enumerate(utterances) if u.start - 1e-6 <= w.start <= u.end + 1e-6)
+        speaker = speaker_of(w)
+        if out and out[-1][0] == speaker and out[-1][2] == utterance:
+            out[-1] = (speaker, f"{out[-1][1]} {w.word}", utterance)
+        else:
+            out.append((speaker, w.word, utterance))
+    return [(speaker, text) for speaker, text, _ in out]
+
+
+async def test_openai_diarized_json_gives_speaker_turns_of_the_offline_speakers(engine, sortformer, dialogue):
+    pytest.importorskip("openai")
+    import trio
+
+    probs = offline(sortformer, dialogue)
+    async with running_server(engine) as ctx:
+        diarized = await trio.to_thread.run_sync(lambda: openai_transcribe(
+            ctx, dialogue, model="gpt-4o-transcribe-diarize", response_format="diarized_json",
+            chunking_strategy="auto"))
+        verbose = await trio.to_thread.run_sync(lambda: openai_transcribe(
+            ctx, dialogue, model="whisper-1", response_format="verbose_json",
+            timestamp_granularities=["word", "segment"]))
+    assert type(diarized).__name__ == "TranscriptionDiarized"  # the SDK parsed it as OpenAI's diarized answer
+    want = turns(verbose.words, verbose.segments, lambda w: word_speaker(probs, w.start, w.end, 4))
+    names = {speaker: chr(65 + k) for k, speaker in enumerate(dict.fromkeys(s for s, _ in want))}
+    assert [(s.speaker, s.text) for s in diarized.segments] == [(names[s], text) for s, text in want]
+    assert len(names) > 1 and diarized.text == verbose.text  # the fixture tells the voices apart
+    assert [s.id for s in diarized.segments] == [f"seg_{i}" for i in range(len(want))]
+    assert all(s.type == "transcript.text.segment" and s.start <= s.end for s in diarized.segments)
+
+
+async def test_openai_subtitles_of_the_diarizing_model_name_each_cues_speaker(engine, plain_engine, dialogue):
+    pytest.importorskip("openai")
+    import webvtt
+    import trio
+
+    async with running_server(engine) as ctx:
+        vtt = await trio.to_thread.run_sync(lambda: openai_transcribe(
+            ctx, dialogue, model="gpt-4o-transcribe-diarize", response_format="vtt"))
+        plain = await trio.to_thread.run_sync(lambda: openai_transcribe(
+            ctx, dialogue, model="whisper-1", response_format="vtt"))
+    voices = [c.voice for c in webvtt.from_string(vtt).captions]
+    assert len(set(voices)) > 1 and voices[0] == "A" and None not in voices
+    assert all(c.voice is None for c in webvtt.from_string(plain).captions)
+
+
+async def test_openai_without_a_diarizer_refuses_diarized_json_and_serves_the_rest(plain_engine, dialogue):
+    pytest.importorskip("openai")
+    import openai
+    import trio
+
+    async with running_server(plain_engine) as ctx:
+        with pytest.raises(openai.BadRequestError) as error:
+            await trio.to_thread.run_sync(lambda: openai_transcribe(
+                ctx, dialogue, model="gpt-4o-transcribe-diarize", response_format="diarized_json"))
+        srt = await trio.to_thread.run_sync(lambda: openai_transcribe(
+            ctx, dialogue, model="gpt-4o-transcribe-diarize", response_format="srt"))
+    body = error.value.body
+    assert body["code"] == "diarization_unavailable" and body["param"] == "response_format"
+    assert "--diarizer" in body["message"] and srt.strip() and "[A]" not in srt

@@ -52,6 +52,19 @@ def test_srt_and_vtt_load_in_their_parsers_with_the_cue_times():
     assert captions[-1].text == "&lt;b&gt; &amp; more"  # escaped: no markup from the transcript
 
 
+def test_a_diarized_transcript_gives_a_cue_per_speaker_named_in_order_of_first_speech():
+    said = words("hello there how are you fine thanks and you")
+    for w, speaker in zip(said, [2, 2, 0, 0, 0, 2, 2, 1, 1]):
+        w["speaker"] = speaker
+    cues = subtitles.cues([said, words("goodbye", start=5.0)], max_line_chars=42)
+    assert [(c.speaker, c.lines) for c in cues] == [
+        ("A", ("hello there",)), ("B", ("how are you",)), ("A", ("fine thanks",)), ("C", ("and you",)), (None, ("goodbye",))]
+    captions = webvtt.WebVTT.from_string(subtitles.vtt(cues), strict=True).captions
+    assert [(c.voice, c.text) for c in captions] == [(c.speaker, "\n".join(c.lines)) for c in cues]
+    assert [p.content for p in srt.parse(subtitles.srt(cues))][:2] == ["[A] hello there", "[B] how are you"]
+    assert [subtitles.speaker_name(k) for k in (0, 25, 26, 27, 52)] == ["A", "Z", "AA", "AB", "BA"]
+
+
 def test_no_words_no_cues():
     assert subtitles.srt(subtitles.cues([[]])) == ""
     assert subtitles.vtt([]) == "WEBVTT\n\n"

@@ -163,7 +163,7 @@ async def test_m4a_and_webm_are_refused_by_name(engine):
 
 
 @pytest.mark.parametrize("fields, code, param", [
-    ({"response_format": "diarized_json"}, "invalid_value", "response_format"),
+    ({"response_format": "diarized_json"}, "diarization_unavailable", "response_format"),  # no --diarizer here
     ({"timestamp_granularities[]": "sentence"}, "invalid_value", "timestamp_granularities[]"),
     ({"stream": "yes"}, "invalid_value", "stream"),
     ({"stream": "true", "response_format": "srt"}, "invalid_value", "response_format"),

@@ -1,12 +1,15 @@
 """`POST /v1/audio/transcriptions`: OpenAI's file transcription API, as the openai SDK's
 `client.audio.transcriptions.create` speaks it (also vLLM's and NVIDIA NIM's).
 
-A multipart form: `file` (the audio), `response_format` (json, text, verbose_json, srt, vtt),
+A multipart form: `file` (the audio), `response_format` (json, text, verbose_json, srt, vtt, and
+diarized_json: the transcript in speaker turns, as OpenAI's gpt-4o-transcribe-diarize writes it; the
+server needs `--diarizer`), `model` (gpt-4o-transcribe-diarize: srt and vtt name each cue's speaker,
+which OpenAI does not offer; any other name is accepted and ignored),
 `timestamp_granularities[]` (word, segment: verbose_json's `words` and `segments`), `stream`
 (true: server-sent events `transcript.text.delta` as the text is decoded, then
 `transcript.text.done`), `keywords[]` and `prompt` (key phrases: server/streams/phrases.py), `language`
 (what a multilingual model transcribes; English models take English only). Accepted and ignored:
-`model`, `temperature` and the other hints in IGNORED. Errors are OpenAI's
+`temperature` and the other hints in IGNORED. Errors are OpenAI's
 `{"error": {message, type, param, code}}`.
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..streams import wire
 from ..streams.guard import bearer_token
 from ..streams.language import checked_language
 from ..streams.phrases import FieldPhraseError, openai_phrases
+from ..streams.speakers import checked_speakers
 from ..transport.codes import ProtocolError
 from .files.exchange import Exchange, UploadError
 from .files.form import FormSink
@@ -40,13 +44,15 @@ FORMATS = {
     "verbose_json": JSON,
     "srt": "application/x-subrip",
     "vtt": "text/vtt",
+    "diarized_json": JSON,
 }
+DIARIZING_MODEL = "gpt-4o-transcribe-diarize"
 GRANULARITIES = ("word", "segment")
 IGNORED = {
-    "model", "temperature", "include[]", "languages[]", "known_speaker_names[]",
+    "temperature", "include[]", "languages[]", "known_speaker_names[]",
     "known_speaker_references[]",
 }
-KNOWN = {"file", "response_format", "timestamp_granularities[]", "stream", "keywords[]", "prompt", "language",
+KNOWN = {"file", "model", "response_format", "timestamp_granularities[]", "stream", "keywords[]", "prompt", "language",
          *IGNORED}
 # verbose_json's `language` is a name, as Whisper writes it
 LANGUAGE_NAMES = {"en": "english", "es": "spanish", "de": "german", "fr": "french", "it": "italian",
@@ -61,6 +67,7 @@ class Options:
     stream: bool = False
     phrases: tuple[Phrase, ...] = ()
     language: str | None = None
+    diarize: bool = False  # each word's speaker: diarized_json, or srt / vtt asked of the diarizing model
 
 
 async def handle(ctx: ServerContext, exchange: Exchange) -> None:
@@ -73,6 +80,7 @@ async def handle(ctx: ServerContext, exchange: Exchange) -> None:
             await trio.to_thread.run_sync(form.close)
             options = parse_options(form.fields)
             options.language = _checked_language(ctx, options.language)
+            options.diarize = _diarize(ctx, options.response_format, _one(form.fields, "model", ""))
             reader = await open_audio(ctx, spool)
             work = partial(_stream, ctx, exchange, reader, options) if options.stream else partial(
                 _answer, ctx, exchange, reader, options)
@@ -112,6 +120,18 @@ def parse_options(fields: dict[str, list[str]]) -> Options:
     return options
 
 
+def _diarize(ctx: ServerContext, response_format: str, model: str) -> bool:
+    """Whether the answer has speakers: diarized_json needs them (a server without a diarizer
+    refuses it); srt and vtt name them when the diarizing model is asked for and a diarizer is there."""
+    if response_format == "diarized_json":
+        try:
+            checked_speakers(ctx.engine.info, True, None)
+        except ProtocolError as exc:
+            raise UploadError(400, exc.code, exc.message, "response_format") from None
+        return True
+    return response_format in ("srt", "vtt") and model == DIARIZING_MODEL and ctx.engine.info.speakers > 0
+
+
 def _checked_language(ctx: ServerContext, language: str | None) -> str | None:
     try:
         return checked_language(ctx.engine, language)
@@ -127,7 +147,8 @@ def _one(fields: dict[str, list[str]], name: str, default: str) -> str:
 
 
 async def _answer(ctx: ServerContext, exchange: Exchange, reader, options: Options) -> None:
-    transcript = await transcribe(exchange, reader, PROTOCOL, phrases=options.phrases, language=options.language)
+    transcript = await transcribe(exchange, reader, PROTOCOL, phrases=options.phrases, language=options.language,
+                                  diarize=options.diarize)
     await exchange.respond(200, render(transcript, options), FORMATS[options.response_format])
 
 
@@ -157,6 +178,9 @@ def render(transcript: FileTranscript, options: Options) -> bytes:
     usage = {"type": "duration", "seconds": round(transcript.duration, 3)}
     if kind == "json":
         return wire.dumps({"text": transcript.text, "usage": usage})
+    if kind == "diarized_json":
+        return wire.dumps({"task": "transcribe", "duration": round(transcript.duration, 3), "text": transcript.text,
+                           "segments": diarized_segments(transcript), "usage": usage})
     body = {"task": "transcribe", "language": language_name(transcript.language or options.language),
             "duration": round(transcript.duration, 3),
             "text": transcript.text}
@@ -165,6 +189,16 @@ def render(transcript: FileTranscript, options: Options) -> bytes:
     if options.words:
         body["words"] = [{key: w[key] for key in ("word", "start", "end")} for w in transcript.words]
     return wire.dumps(body | {"usage": usage})
+
+
+def diarized_segments(transcript: FileTranscript) -> list[dict]:
+    """The transcript in speaker turns (a turn never spans two utterances), speakers named A, B, ...
+    in the order they first speak, as OpenAI's diarized_json."""
+    segments = []
+    for cue in subtitles.cues((u.words for u in transcript.utterances), max_line_chars=math.inf):
+        segments.append({"type": "transcript.text.segment", "id": f"seg_{len(segments)}", "start": cue.start,
+                         "end": cue.end, "text": " ".join(cue.lines), "speaker": cue.speaker})
+    return segments
 
 
 def language_name(language: str | None) -> str:
