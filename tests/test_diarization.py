@@ -484,3 +484,38 @@ async def test_openai_without_a_diarizer_refuses_diarized_json_and_serves_the_re
     body = error.value.body
     assert body["code"] == "diarization_unavailable" and body["param"] == "response_format"
     assert "--diarizer" in body["message"] and srt.strip() and "[A]" not in srt
+
+
+# -- parakeet-transcribe --------------------------------------------------------------------------
+
+
+def test_transcribe_gives_each_word_its_speaker_in_json_subtitles_and_text(sortformer, dialogue, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import webvtt
+    from helpers import audio_file
+
+    wav = tmp_path / "dialogue.wav"
+    wav.write_bytes(audio_file(dialogue))
+
+    def transcribe(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "parakeet_stream.tools.transcribe", str(wav), "--model", "demo",
+                               "--diarizer", str(SORTFORMER), "--dtype", "float32", *args],  # (auto: the fastest, by a timing)
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    probs = offline(sortformer, dialogue)
+    words = json.loads(transcribe("--format", "json"))["words"]
+    assert words and [w["speaker"] for w in words] == [word_speaker(probs, w["start"], w["end"], 4) for w in words]
+    voices = [c.voice for c in webvtt.from_string(transcribe("--format", "vtt")).captions]
+    assert len(set(voices)) > 1 and voices[0] == "A"
+    name, *turns = transcribe().splitlines()
+    assert name == f"{wav}:" and all(t.startswith("[") for t in turns)
+    assert list(dict.fromkeys(t[1 : t.index("]")] for t in turns)) == list(dict.fromkeys(voices))
+    assert " ".join(t.split("] ", 1)[1] for t in turns) == " ".join(w["word"] for w in words)
+    refused = subprocess.run([sys.executable, "-m", "parakeet_stream.tools.transcribe", str(wav), "--diarizer",
+                              str(tmp_path / "missing.nemo")], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "missing.nemo: no such file" in refused.stderr

@@ -7,12 +7,15 @@ mode unless --lookahead says otherwise. Output: text, JSON, or SRT / WebVTT subt
 written to `--out DIR`. `--offline` runs the whole-utterance forward instead, for comparison.
 `--phrases FILE` boosts key phrases (names, products, jargon) in every file's decoding; `--language`
 is what a multilingual model transcribes (default: its automatic language identification).
+`--diarizer NAME` gives each word its speaker: JSON words carry `speaker`, subtitles a speaker per
+cue, text a line per speaker turn (`[A] ...`, speakers named in the order they first speak).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,9 +33,12 @@ from ..engine import ASREngine, EngineError
 from ..engine.languages import Languages
 from ..engine.options import add_engine_arguments, engine_options
 from ..engine.phrases import MAX_WEIGHT, Phrase, PhraseError, boosting_tree, check_phrases
+from ..engine.diarizer import load_diarizer
 from ..engine.policy import bulk_lookahead
 from ..host import single_threaded_host
 from ..model.device import AUTO, resolve_device
+from ..model.config import UnsupportedModel
+from ..model.convert import ConvertError
 from ..model.errors import ModelNotFound
 from ..model.loading import check_lookaheads, load_model
 from ..model.parakeet import ParakeetModel
@@ -136,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--language", default=None,
                     help="a multilingual model's language: a locale such as de-DE, a language such as de, or auto "
                          "(its automatic language identification; the default)")
+    ap.add_argument("--diarizer", default="off",
+                    help="who spoke each word: demo (bundled, synthetic voices only), sortformer (NVIDIA's "
+                         "diar_streaming_sortformer_4spk-v2, downloaded once), a Hugging Face ORG/NAME, a .nemo file or "
+                         "a folder holding one; off: none (default)")
     ap.add_argument("--phrases", type=Path, default=None, metavar="FILE",
                     help="key phrases to boost: one per line, optionally followed by a TAB and a weight "
                          f"(above 0, at most {MAX_WEIGHT:g}; default 1: the default boost, 2 twice it)")
@@ -156,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         modes = model.cfg.encoder.att_context_sizes
         lookahead = model.encoder.check_lookahead(args.lookahead or bulk_lookahead(modes))
         language = Languages(tuple(model.cfg.prompt.languages) if model.cfg.prompt else ()).resolve(args.language)
+        args.diarizer = None if args.diarizer == "off" else load_diarizer(args.diarizer)
     except EngineError as exc:
         print(f"parakeet-transcribe: error: --language: {exc.message}", file=sys.stderr)
         return 2
-    except (ModelNotFound, ValueError) as exc:  # (DeviceError and PrecisionError are ValueErrors)
+    except (ModelNotFound, ValueError, ConvertError, UnsupportedModel) as exc:  # (DeviceError, PrecisionError: ValueErrors)
         offline = getattr(exc, "unreachable", False) and args.model in HUB_ALIASES
         hint = "; --model demo (the bundled demo model) needs no network" if offline else ""
         print(f"parakeet-transcribe: error: {exc}{hint}", file=sys.stderr)
@@ -203,6 +214,8 @@ def output_problem(args: argparse.Namespace) -> str | None:
     subtitle = args.format in ("srt", "vtt")
     if args.phrases and args.offline:
         return "--phrases boosts the streaming decoder: it does not apply to --offline"
+    if args.diarizer not in ("off", None) and args.offline:
+        return "--diarizer gives the streaming path's words their speakers: it does not apply to --offline"
     if subtitle and args.offline:
         return f"--format {args.format} needs word times, which --offline does not give"
     if args.out is None:
@@ -232,7 +245,7 @@ def _transcribe_paths(args, model, lookahead, phrases: tuple[Phrase, ...], langu
     if sources:
         options = engine_options(args) | {"dtype": model.encoder_dtype, "quantize": None, "lookahead": lookahead}  # already applied
         with ASREngine(model, args.device, max_num_streams=args.max_num_streams, max_queue=len(sources), calibrate=False,
-                       **options) \
+                       diarizer=args.diarizer, **options) \
                 as engine, tqdm(total=len(sources), unit="file", disable=len(args.files) < 2) as bar:
 
             def done(name: str, transcript: FileTranscript) -> None:
@@ -241,7 +254,8 @@ def _transcribe_paths(args, model, lookahead, phrases: tuple[Phrase, ...], langu
                     emit(results[name], transcript, args)
                 bar.update()
 
-            details = trio.run(transcribe_files, engine, sources, lookahead, done, phrases, language)
+            details = trio.run(transcribe_files, engine, sources, lookahead, done, phrases, language,
+                               args.diarizer is not None)
     for f in args.files:
         if args.out is None or f not in details:
             emit(results[f], details.get(f), args)
@@ -249,8 +263,11 @@ def _transcribe_paths(args, model, lookahead, phrases: tuple[Phrase, ...], langu
 
 
 def emit(t: Transcript, detail: FileTranscript | None, args: argparse.Namespace) -> None:
-    """One file's output: printed (text and JSON as one line each), or written to --out."""
-    if args.out is None and args.format in ("txt", "json"):
+    """One file's output: printed (text and JSON as one line each; text with speakers a line per
+    turn after the file's name), or written to --out."""
+    if args.out is None and not t.error and args.format == "txt" and _speakers(detail):
+        sys.stdout.write(f"{t.file}:\n" + render(t, detail, "txt", args.max_line_chars))
+    elif args.out is None and args.format in ("txt", "json"):
         _print(t, args.format == "json")
     elif t.error:
         print(f"{t.file}: error: {t.error}", file=sys.stderr)
@@ -266,12 +283,19 @@ def emit(t: Transcript, detail: FileTranscript | None, args: argparse.Namespace)
 
 
 def render(t: Transcript, detail: FileTranscript | None, fmt: str, max_line_chars: int) -> str:
+    if fmt == "txt" and _speakers(detail):  # a line per speaker turn
+        turns = subtitles.cues((u.words for u in detail.utterances), max_line_chars=math.inf)
+        return "".join(f"[{c.speaker}] {' '.join(c.lines)}\n" for c in turns)
     if fmt == "txt":
         return t.text + "\n"
     if fmt == "json":
         return t.as_json() + "\n"
     cues = subtitles.cues((u.words for u in detail.utterances), max_line_chars)
     return subtitles.srt(cues) if fmt == "srt" else subtitles.vtt(cues)
+
+
+def _speakers(detail: FileTranscript | None) -> bool:
+    return detail is not None and any("speaker" in w for w in detail.words)
 
 
 def _print(t: Transcript, as_json: bool) -> None:

@@ -64,16 +64,18 @@ async def transcribe_files(
     on_done: Callable[[str, FileTranscript], None] = lambda name, transcript: None,
     phrases: tuple = (),
     language: str | None = None,
+    diarize: bool = False,
 ) -> dict[str, FileTranscript]:
     """Every source as its own stream, as many at once as the engine has slots; a source is opened
     once its turn has come, so that only the files being transcribed are open; every stream boosts
-    `phrases` (engine/phrases.py), in `language` (None: the model's default)."""
+    `phrases` (engine/phrases.py), in `language` (None: the model's default), each word with its
+    speaker where `diarize`."""
     slots = trio.CapacityLimiter(engine.stats()["max_num_streams"])
     out: dict[str, FileTranscript] = {}
 
     async def one(name: str, source: Source) -> None:
         async with slots:
-            out[name] = await _transcribe(engine, name, source, lookahead, phrases, language)
+            out[name] = await _transcribe(engine, name, source, lookahead, phrases, language, diarize)
         on_done(name, out[name])
 
     async with trio.open_nursery() as nursery:
@@ -83,8 +85,8 @@ async def transcribe_files(
 
 
 async def _transcribe(engine: EngineAPI, name: str, source: Source, lookahead, phrases: tuple,
-                      language: str | None) -> FileTranscript:
-    builder = TranscriptBuilder(engine.info)
+                      language: str | None, diarize: bool) -> FileTranscript:
+    builder = TranscriptBuilder(engine.info, diarize)
 
     async def on_result(result) -> None:
         builder.add(result)
@@ -92,7 +94,7 @@ async def _transcribe(engine: EngineAPI, name: str, source: Source, lookahead, p
     try:
         await source.open()
         samples = await feed_file(engine, source.read, on_result, int(BACKLOG_SECONDS * engine.info.sample_rate), lookahead,
-                                  phrases, language)
+                                  phrases, language, diarize)
     except AudioError as exc:
         return FileTranscript(error=f"cannot read audio file {name}: {exc}")
     finally:
