@@ -455,6 +455,24 @@ async def test_openai_diarized_json_gives_speaker_turns_of_the_offline_speakers(
     assert all(s.type == "transcript.text.segment" and s.start <= s.end for s in diarized.segments)
 
 
+async def test_openai_stream_sends_each_speaker_turn_as_it_completes(engine, dialogue):
+    pytest.importorskip("openai")
+    import trio
+
+    long = np.concatenate([dialogue, np.zeros(8000, np.float32), dialogue])  # several utterances
+    async with running_server(engine) as ctx:
+        whole = await trio.to_thread.run_sync(lambda: openai_transcribe(
+            ctx, long, model="gpt-4o-transcribe-diarize", response_format="diarized_json"))
+        events = await trio.to_thread.run_sync(lambda: list(openai_transcribe(
+            ctx, long, model="gpt-4o-transcribe-diarize", response_format="diarized_json", stream=True)))
+    kinds = [e.type for e in events]
+    segments = [e for e in events if e.type == "transcript.text.segment"]
+    assert [s.model_dump() for s in segments] == [s.model_dump() for s in whole.segments]
+    assert kinds[-1] == "transcript.text.done" and events[-1].text == whole.text
+    # a turn comes once it is complete, before the text of the utterances after it
+    assert kinds.index("transcript.text.segment") < len(kinds) - 1 - kinds[::-1].index("transcript.text.delta")
+
+
 async def test_openai_subtitles_of_the_diarizing_model_name_each_cues_speaker(engine, plain_engine, dialogue):
     pytest.importorskip("openai")
     import webvtt

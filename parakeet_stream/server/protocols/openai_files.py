@@ -2,14 +2,15 @@
 `client.audio.transcriptions.create` speaks it (also vLLM's and NVIDIA NIM's).
 
 A multipart form: `file` (the audio), `response_format` (json, text, verbose_json, srt, vtt, and
-diarized_json: the transcript in speaker turns, as OpenAI's gpt-4o-transcribe-diarize writes it; the
-server needs `--diarizer`), `model` (gpt-4o-transcribe-diarize: srt and vtt name each cue's speaker,
-which OpenAI does not offer; any other name is accepted and ignored),
-`timestamp_granularities[]` (word, segment: verbose_json's `words` and `segments`), `stream`
-(true: server-sent events `transcript.text.delta` as the text is decoded, then
-`transcript.text.done`), `keywords[]` and `prompt` (key phrases: server/streams/phrases.py), `language`
-(what a multilingual model transcribes; English models take English only). Accepted and ignored:
-`temperature` and the other hints in IGNORED. Errors are OpenAI's
+diarized_json: the transcript in speaker turns, as OpenAI's gpt-4o-transcribe-diarize writes it;
+the server needs `--diarizer`), `model` (gpt-4o-transcribe-diarize: srt and vtt name each cue's
+speaker, which OpenAI does not offer; any other name is accepted and ignored),
+`timestamp_granularities[]` (word, segment: verbose_json's `words` and `segments`), `stream` (true:
+server-sent events `transcript.text.delta` as the text is decoded, with diarized_json
+`transcript.text.segment` as each speaker turn is complete, then `transcript.text.done`),
+`keywords[]` and `prompt` (key phrases: server/streams/phrases.py), `language` (what a multilingual
+model transcribes; English models take English only). Accepted and ignored: `temperature` and the
+other hints in IGNORED. Errors are OpenAI's
 `{"error": {message, type, param, code}}`.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from functools import partial
 import trio
 
 from ... import subtitles
+from ...text import join_words
 from ...engine.phrases import Phrase
 from ..context import ServerContext
 from ..streams import wire
@@ -108,9 +110,9 @@ def parse_options(fields: dict[str, list[str]]) -> Options:
     if stream not in ("true", "false"):
         raise UploadError(400, "invalid_value", "stream must be true or false", "stream")
     options.stream = stream == "true"
-    if options.stream and response_format not in ("json", "text"):
-        raise UploadError(400, "invalid_value", "stream=true sends text events: use response_format json or text",
-                          "response_format")
+    if options.stream and response_format not in ("json", "text", "diarized_json"):
+        raise UploadError(400, "invalid_value", "stream=true sends events: use response_format json, text or "
+                          "diarized_json", "response_format")
     try:
         options.phrases = openai_phrases(fields.get("keywords[]", []), _one(fields, "prompt", ""))
     except FieldPhraseError as exc:
@@ -161,7 +163,16 @@ async def _stream(ctx: ServerContext, exchange: Exchange, reader, options: Optio
             await exchange.open_events()
         await exchange.send_event(wire.dumps({"type": "transcript.text.delta", "delta": text}))
 
-    transcript = await transcribe(exchange, reader, PROTOCOL, delta, options.phrases, options.language)
+    segments = DiarizedSegments()
+
+    async def completed(utterances: list) -> None:  # diarized_json: each speaker turn once it is complete
+        for segment in segments.of(utterances):
+            if not exchange.responded:
+                await exchange.open_events()
+            await exchange.send_event(wire.dumps(segment))
+
+    transcript = await transcribe(exchange, reader, PROTOCOL, delta, options.phrases, options.language,
+                                  options.diarize, completed if options.diarize else None)
     if not exchange.responded:
         await exchange.open_events()
     await exchange.send_event(wire.dumps({"type": "transcript.text.done", "text": transcript.text}))
@@ -192,13 +203,26 @@ def render(transcript: FileTranscript, options: Options) -> bytes:
 
 
 def diarized_segments(transcript: FileTranscript) -> list[dict]:
-    """The transcript in speaker turns (a turn never spans two utterances), speakers named A, B, ...
-    in the order they first speak, as OpenAI's diarized_json."""
-    segments = []
-    for cue in subtitles.cues((u.words for u in transcript.utterances), max_line_chars=math.inf):
-        segments.append({"type": "transcript.text.segment", "id": f"seg_{len(segments)}", "start": cue.start,
-                         "end": cue.end, "text": " ".join(cue.lines), "speaker": cue.speaker})
-    return segments
+    return DiarizedSegments().of(transcript.utterances)
+
+
+class DiarizedSegments:
+    """A transcript in speaker turns, as OpenAI's diarized_json and its `transcript.text.segment`
+    events: a turn never spans two utterances, speakers are named A, B, ... in the order they first
+    speak, ids count up; utterances are given in order, all at once or as they complete."""
+
+    def __init__(self) -> None:
+        self._names: dict[int, str] = {}
+        self._count = 0
+
+    def of(self, utterances: list) -> list[dict]:
+        out = []
+        for turn in (turn for u in utterances for turn in subtitles.speaker_turns(u.words)):
+            speaker = self._names.setdefault(turn[0]["speaker"], subtitles.speaker_name(len(self._names)))
+            out.append({"type": "transcript.text.segment", "id": f"seg_{self._count}", "start": turn[0]["start"],
+                        "end": turn[-1]["end"], "text": join_words(w["word"] for w in turn), "speaker": speaker})
+            self._count += 1
+        return out
 
 
 def language_name(language: str | None) -> str:

@@ -46,7 +46,8 @@ class TranscriptBuilder:
         self._out = FileTranscript()
         self._pieces: list[str] = []
         self._open: list[TimedToken] = []  # text tokens of the utterance in progress
-        self._closed: list[list[TimedToken]] = []
+        self._closed: list[list[TimedToken]] = []  # utterances ended whose last word's end is not known yet
+        self._settled = 0  # utterances of the transcript that `settled` handed out
 
     def add(self, result: StreamResult) -> str:
         """Account for one result; returns its new text (the transcript's start left-trimmed)."""
@@ -62,6 +63,8 @@ class TranscriptBuilder:
             if timed[0] == eou:
                 self._close()
             elif timed[0] not in self._tokenizer.special_ids and timed[0] != self._tokenizer.blank_id:
+                if not self._open:  # the ended utterances' last words end where this one starts
+                    self._settle(timed[1])
                 self._open.append(timed)
         if result.is_final or (result.utterance_end and eou is None):
             self._close()
@@ -70,22 +73,33 @@ class TranscriptBuilder:
             self._pieces.append(delta)
         return delta
 
+    def settled(self) -> list[Utterance]:
+        """The utterances complete since the last call: ended, and their last word's end known (the
+        next utterance started), in order; after `finish`, the rest."""
+        new = self._out.utterances[self._settled:]
+        self._settled = len(self._out.utterances)
+        return new
+
     def finish(self, samples: int) -> FileTranscript:
         """The transcript of `samples` samples of audio (the stream's final result added)."""
         out = self._out
         out.duration = samples / self._info.sample_rate
         out.text = "".join(self._pieces).strip()
+        self._settle(out.duration)
+        return out
+
+    def _settle(self, limit: float) -> None:
+        """The ended utterances as Utterances, their words timed, the last one's cut at `limit`."""
         for i, tokens in enumerate(self._closed):
-            limit = self._closed[i + 1][0][1] if i + 1 < len(self._closed) else out.duration
-            words = timed_words(self._info, tokens, limit)
+            words = timed_words(self._info, tokens, self._closed[i + 1][0][1] if i + 1 < len(self._closed) else limit)
             if self._speakers is not None:
                 self._speakers.label(words, confidence=True)
             if words:
                 ids = [timed[0] for timed in tokens]
                 text = self._tokenizer.decode(ids).strip()
-                out.utterances.append(Utterance(text, words[0]["start"], words[-1]["end"], ids, words,
-                                                [timed[2] for timed in tokens]))
-        return out
+                self._out.utterances.append(Utterance(text, words[0]["start"], words[-1]["end"], ids, words,
+                                                      [timed[2] for timed in tokens]))
+        self._closed = []
 
     def _close(self) -> None:
         if self._open:

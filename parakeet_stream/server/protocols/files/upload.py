@@ -22,7 +22,7 @@ from .decode import AudioReader
 from .exchange import Exchange, UploadError
 from .feed import feed_file, in_worker_thread
 from .spool import Spool
-from .transcript import FileTranscript, TranscriptBuilder
+from .transcript import FileTranscript, TranscriptBuilder, Utterance
 
 
 @contextlib.contextmanager
@@ -73,9 +73,12 @@ async def transcribe(
     phrases: tuple[Phrase, ...] = (),
     language: str | None = None,
     diarize: bool = False,
+    on_utterances: Callable[[list[Utterance]], Awaitable[None]] | None = None,
 ) -> FileTranscript:
-    """Transcribe the whole file in `language` (checked: engine.check_language), boosting `phrases`, each word with its speaker where `diarize`; `on_text` gets each new piece of text as it
-    is decoded. The exchange keeps the audio seconds and results for the access log."""
+    """Transcribe the whole file in `language` (checked: engine.check_language), boosting `phrases`,
+    each word with its speaker where `diarize`; `on_text` gets each new piece of text as it is
+    decoded, `on_utterances` each utterance once it is complete (TranscriptBuilder.settled). The
+    exchange keeps the audio seconds and results for the access log."""
     ctx = exchange.ctx
     engine = ctx.engine
     builder = TranscriptBuilder(engine.info, diarize)
@@ -87,6 +90,8 @@ async def transcribe(
         delta = builder.add(result)
         if on_text is not None and delta:
             await on_text(delta)
+        if on_utterances is not None and (done := builder.settled()):
+            await on_utterances(done)
 
     ctx.metrics.streams.labels(protocol).inc()
     try:
@@ -102,6 +107,8 @@ async def transcribe(
     exchange.audio_seconds = transcript.duration
     if transcript.error:
         raise UploadError(500, "inference_error", "inference failed for this file")
+    if on_utterances is not None and (done := builder.settled()):
+        await on_utterances(done)
     return transcript
 
 
