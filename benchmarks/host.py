@@ -114,7 +114,7 @@ class StandIn:
             return out
 
         model.features.frames, model.features.mel, model.encoder.stream_pre_encode = frames, mel, pre_encode
-        runner._layers, runner._greedy = layers, greedy
+        runner._layers, runner.step_decoder.greedy = layers, greedy
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ from the task or thread that runs them) at the points where the message moves:
 - in: the frame received (WsChannel.receive), its bytes turned into samples (wire.decode_bytes),
   the samples buffered for the engine (EngineStream.take), handed to the engine (Inbox.add);
 - out: the result published (Outbox.publish), the news told (Outbox.notify and what it calls, to
-  the listener that wakes the event loop; from the engine's delivery of a step, ASREngine._deliver,
+  the listener that wakes the event loop; from the engine's delivery of a step, StepRoute.deliver,
   itself not counted), the writer woken (Wakeup.set, where trio's loop calls it), the result
   collected (Outbox.take), turned into a message and queued (Connection.post, wire.dumps), sent
   (WsChannel.send).
@@ -137,9 +137,9 @@ def report(rec: Recorder) -> None:
     # the reader's and writer's loops are where a message enters: counted, not what is above them
     inbound = union([(n, INBOUND_FILES[n]) for n in INBOUND], {"Connection._read_loop"})
     # the engine's side: publish, then the notification (_notify -> Outbox.notify -> the listener),
-    # from the decode thread's delivery of a step (ASREngine._deliver, not counted)
-    outbound = union([("publish", "results.py"), ("set_threadsafe", "wakeup.py")], {"ASREngine._deliver"},
-                     exclusive={"ASREngine._deliver"})
+    # from the decode thread's delivery of a step (StepRoute.deliver, not counted)
+    outbound = union([("publish", "results.py"), ("set_threadsafe", "wakeup.py")], {"StepRoute.deliver"},
+                     exclusive={"StepRoute.deliver"})
     # the writer woken in trio's thread: Wakeup.set where trio calls it (run_sync_soon), if it does
     outbound += [fn for fn in union([("set", "wakeup.py")], {"Wakeup.set"}) if fn not in outbound]
     outbound += [fn for fn in union(OUTBOUND_WRITER, {"Connection._write_loop"}) if fn not in outbound]

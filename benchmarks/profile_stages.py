@@ -16,8 +16,8 @@ from collections import Counter, defaultdict
 
 # the first frame of a stack that names one of these decides its stage
 STAGES = {
-    "ModelRunner.pre_encode": "pre-encode", "ModelRunner.encode": "encode", "ASREngine._decode": "decode",
-    "ASREngine._deliver": "deliver", "Scheduler.schedule": "scheduler (waiting)", "Queue.get": "stage queues (waiting)",
+    "ModelRunner.pre_encode": "pre-encode", "ModelRunner.encode": "encode", "ModelRunner.decode": "decode",
+    "StepRoute.deliver": "deliver", "Scheduler.schedule": "scheduler (waiting)", "Queue.get": "stage queues (waiting)",
 }
 
 

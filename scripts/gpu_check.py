@@ -389,7 +389,7 @@ def beam_ceiling(folder: Path, settings: dict) -> dict:
         for b in settings["batches"]:
             enc, lengths, slots = _encoded(engine, mode_160ms(engine), b)()
             runner.beams.reset(slots)
-            rows[b] = _median_ms(lambda: runner._beam(enc, lengths, slots, fixed=True), runner.device)
+            rows[b] = _median_ms(lambda: runner.step_decoder.beam(enc, lengths, slots, fixed=True), runner.device)
     return {"decode_ms": rows}
 
 
@@ -412,7 +412,7 @@ def _encoded(engine: ASREngine, mode, b: int, greedy: bool = False):
         x, lengths = model.encoder.stream_pre_encode(feats, full, torch.zeros_like(full), mode)
         enc = runner._layers(x, lengths, slots, mode=mode).float()
         if greedy:
-            runner._greedy(enc, lengths, slots)
+            runner.step_decoder.greedy(enc, lengths, slots)
         return enc, lengths, slots
 
     return step

@@ -14,6 +14,7 @@ import copy
 import torch
 
 from parakeet_stream.engine.runner.model_runner import ModelRunner
+from parakeet_stream.model.device import to_host
 from parakeet_stream.model.greedy import GreedyPass, unfinished, unpack, unpack_scored
 from parakeet_stream.model.precision import set_precision
 from parakeet_stream.model.rnnt import DecoderState
@@ -96,10 +97,10 @@ def check_decoder(runner: ModelRunner, mode, steps: int = 10, blank_bias: float 
             lengths = torch.randint(0, frames + 1, (n,), generator=gen).to(dev)
             slots = slots.to(dev)
             passes = [(mode, enc, lengths, slots)]
-            fetched = runner._fetch([runner.decoders[mode](enc, lengths, slots)])
+            fetched = to_host([runner.decoders[mode](enc, lengths, slots)], dev)
             redone += unfinished(fetched[0]).size
             ours = [[(label, frame) for label, frame, _ in stream]
-                    for stream in unpack_scored(runner._finish(passes, fetched)[0])]
+                    for stream in unpack_scored(runner.step_decoder._finish(passes, fetched)[0])]
             done = GreedyPass(decoder, enc, lengths, eager.gather(slots)).run()
             eager.scatter(slots, DecoderState(*done.state()))
             assert ours == unpack(done.packed().cpu().numpy()), (mode, k)

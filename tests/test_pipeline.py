@@ -44,7 +44,7 @@ def test_each_stage_thread_works_on_a_step_of_its_own():
             pre_encoded.get(timeout=5)
             if chunk < 2:
                 assert held[("decode", "encode")[chunk]].wait(5)  # the first holds decode, the second encode
-        assert not release.is_set() and len(sch._in_flight) == 3
+        assert not release.is_set() and len(sch.planner.in_flight) == 3
     finally:
         release.set()
         sch.stop()

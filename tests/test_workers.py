@@ -42,7 +42,7 @@ from helpers import (
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine.errors import EngineError
 from parakeet_stream.engine.inbox import Inbox
-from parakeet_stream.engine.ipc import engine_client
+from parakeet_stream.engine.ipc import engine_client, engine_connection
 from parakeet_stream.engine.ipc.engine_client import EngineClient
 from parakeet_stream.engine.ipc.messages import HEADER, Answer, Ask, Audio, Framer, FromEngine, Open, Opened, ToEngine
 from parakeet_stream.engine.ipc.service import hello, packets
@@ -216,7 +216,7 @@ def test_the_engine_service_refuses_a_bad_message_and_drops_only_a_client_that_s
     engine or the other workers down: a message the engine refuses is dropped alone; bytes that are
     no frame end that client's connection."""
     with behind_service(engine) as good:
-        path = good._sock.getpeername()
+        path = good._connection._sock.getpeername()
         framer = Framer(FromEngine)
         with socket.socket(socket.AF_UNIX) as careless, socket.socket(socket.AF_UNIX) as broken:
             careless.connect(path)
@@ -321,7 +321,7 @@ def test_a_worker_whose_engine_stops_reading_waits_with_a_bounded_queue(engine, 
     """The engine client sends from a thread of its own; if the engine process stops reading, the
     audio queued for it stays bounded and push_audio waits (as a blocking send did), until the
     engine is gone: then nothing waits any more."""
-    monkeypatch.setattr(engine_client, "QUEUE_BYTES", 1 << 16)
+    monkeypatch.setattr(engine_connection, "QUEUE_BYTES", 1 << 16)
     answers = {"stats": {}, "totals": {"steps": 0, "chunks": 0, "seconds": {}}, "latency": {}, "healthy": True}
     with socket.socket(socket.AF_UNIX) as listener, tempfile.TemporaryDirectory() as folder:
         listener.bind(f"{folder}/engine.sock")
@@ -359,17 +359,17 @@ def test_a_worker_whose_engine_stops_reading_waits_with_a_bounded_queue(engine, 
             pushing = pool.submit(push_until_failed)
             time.sleep(2.0)
             assert not pushing.done()  # waiting: the kernel's buffers and the queue are full
-            assert client._queued <= engine_client.QUEUE_BYTES + packet.nbytes
+            assert client._connection._queued <= engine_connection.QUEUE_BYTES + packet.nbytes
             engine_side.result().close()  # the engine process goes away
             assert pushing.result(timeout=10) < 64  # the waiting push returned, the next ones failed
             assert client.collect(sid)[-1].error == "inference_error"
 
 
 def test_audio_messages_keep_to_their_size_bound_and_a_larger_packet_goes_alone(monkeypatch):
-    monkeypatch.setattr(engine_client, "AUDIO_BYTES", 40)  # 10 samples
+    monkeypatch.setattr(engine_connection, "AUDIO_BYTES", 40)  # 10 samples
     sent = [(1, np.arange(4, dtype=np.float32)), (2, np.arange(5, dtype=np.float32)),
             (3, np.arange(12, dtype=np.float32)), (1, np.arange(2, dtype=np.float32))]
-    messages = list(engine_client._audio_messages(iter(sent)))
+    messages = list(engine_connection._audio_messages(iter(sent)))
     assert [m.sids for m in messages] == [[1, 2], [3], [1]]
     received = [(sid, packet) for m in messages for sid, packet in zip(m.sids, packets(m))]
     assert [sid for sid, _ in received] == [sid for sid, _ in sent]

@@ -1,7 +1,7 @@
 """Multi-stream engine: Sequence, Scheduler, ModelRunner behind the ASREngine API.
 
-One step, in order (`ASREngine.step`; spread over threads by `ASREngine._route`): the
-Scheduler picks it (scheduler.py, policy.py), the runner pre-encodes, encodes and decodes it on
+One step, in order (`ASREngine.step`, step_route.py; spread over threads by pipeline.py): the
+Scheduler picks it (scheduler.py, planner.py, policy.py), the runner pre-encodes, encodes and decodes it on
 three stage threads (runner/model_runner.py, pipeline.py), the engine turns its tokens into results, the
 Scheduler takes it back (postprocess) and the results are published to the streams' outboxes.
 

@@ -1,12 +1,10 @@
-"""ASREngine: the public API over Scheduler and ModelRunner, used by the server, CLIs and tests,
-and the step route that joins them."""
+"""ASREngine: the public API over Scheduler and ModelRunner, used by the server, CLIs and tests;
+the StepRoute (step_route.py) joins them."""
 
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
-import time
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -23,12 +21,10 @@ from .config import EngineConfig
 from .errors import EngineError, QueueFull
 from .inbox import push_many
 from .phrases import LabelPriors, Phrase, boosting_tree
-from .pipeline import Stage, route
 from .results import DecoderProgress, StreamResult
 from .sequence import Sequence, Status
 from .step import Step, StepTotals
-
-log = logging.getLogger(__name__)
+from .step_route import StepRoute, notify
 
 
 class ASREngine:
@@ -43,9 +39,9 @@ class ASREngine:
         self.diarizer = parts.diarizer
         self.lookahead_modes, self.default_lookahead = self.modes.served, self.modes.default
         self._label_priors = LabelPriors(self.model.decoder.label_prior)
-        self.pipeline = route(self.device, self.config.threads, self.step_stages(), self.runner.cuda_streams.enter,
-                              schedule=self.scheduler.schedule, deliver=self._deliver, fail=self._fail)
-        self._whole_step = Stage("step", tuple(self.step_stages()))
+        self.route = StepRoute(self.scheduler, self.runner, self.results, self.diarizer, self.device, self.config.threads,
+                               self._forget)
+        self.pipeline = self.route.pipeline
         self._seqs: dict[int, Sequence] = {}
         self._lock = threading.Lock()
         self.forget_streams()
@@ -66,8 +62,7 @@ class ASREngine:
         with self._lock:
             self._ids = itertools.count(1)
             self._audio_seconds = 0.0
-            stages = [name for name, _ in self.step_stages()]
-            self._totals = StepTotals(seconds=dict.fromkeys(stages, 0.0))  # every stage in /metrics from the start
+        self.route.forget_totals()
 
     def shutdown(self) -> None:
         if self._started:
@@ -170,7 +165,7 @@ class ASREngine:
         with self._lock:
             seq = self._seqs.pop(sid, None)
         if seq is not None:
-            _notify(self.scheduler.cancel(seq))
+            notify(self.scheduler.cancel(seq))
 
     def collect(self, sid: int) -> list[StreamResult]:
         with self._lock:
@@ -227,60 +222,20 @@ class ASREngine:
         out["stalled"] = stall.as_dict() if stall else None
         return out
 
+    # --- steps (step_route.py) ------------------------------------------------------------
     def step_totals(self) -> StepTotals:
         """The work of every step delivered so far (a copy): steps, chunks encoded, seconds per stage."""
-        with self._lock:
-            return StepTotals(self._totals.steps, self._totals.chunks, dict(self._totals.seconds))
+        return self.route.totals()
 
-    # --- one step, in order: schedule -> pre-encode -> encode -> decode -> results -> postprocess -> publish
     def step(self) -> Step | None:
         """One whole step on the calling thread (None once the engine stopped): what the stage threads
-        run spread out, a step in flight per stage thread (`_route`). For a caller that drives the engine itself
+        run spread out, a step in flight per stage thread. For a caller that drives the engine itself
         (tests, tools): the engine must not be started, or its threads take the steps."""
-        step = self.scheduler.schedule()  # the streams to run and their chunks (blocks until there are)
-        if step is not None and self.pipeline.run(self._whole_step, step):  # model stages, then results
-            self._deliver(step)  # postprocess (slots freed, waiters admitted), then publish
-        return step
+        return self.route.step()
 
     def step_stages(self) -> list[tuple[str, Callable[[Step], None]]]:
-        """What runs on a step once the Scheduler picked it (`Scheduler.schedule`), in order, each
-        timed under its name; `_deliver` then ends it: postprocess (slots released, waiters
-        admitted), then publish. The runner's stages are looked up at each step, so replacing one
-        (fault injection) works."""
-        runner = self.runner
-        stages = [
-            ("pre-encode", lambda step: runner.pre_encode(step)),  # features, subsampling
-            ("encode", lambda step: runner.encode(step)),  # the cache-aware layers
-            ("decode", lambda step: runner.decode(step)),  # greedy RNN-T: tokens
-            ("results", lambda step: step.build_results(self.results)),  # tokens -> text, times, end of utterance
-        ]
-        if self.diarizer is not None:  # speaker probabilities; diarized streams' results held until covered
-            stages.append(("diarize", lambda step: self.diarizer.run(step)))
-        return stages
-
-    def _deliver(self, step: Step) -> None:
-        if log.isEnabledFor(logging.DEBUG):
-            ms = {k: round(v * 1000, 1) for k, v in step.seconds.items()}
-            wall = (time.monotonic() - step.started) * 1000
-            log.debug("step: %d streams, %d results, %s ms, %.1f ms wall", len(step), len(step.results), ms, wall)
-        _, changed = self.scheduler.postprocess(step)  # first, so a slot is free once its final result is out
-        with self._lock:
-            self._totals.add(step)
-        for seq, result in step.results:
-            seq.outbox.publish(result, notify=False)
-        if step.rows:
-            live = not all(item.seq.bulk for item in step)
-            for sink, rows in step.rows:
-                sink.put(rows, live)
-            self._forget(sid for _, rows in step.rows for sid in rows.sids[rows.final].tolist())
-        for seq in dict.fromkeys([*(seq for seq, _ in step.results), *changed]):  # listeners: news of the step
-            seq.outbox.notify()
-
-    def _fail(self, step: Step) -> None:
-        failed, changed = self.scheduler.postprocess(step, failed=True)
-        for seq in failed:
-            seq.outbox.publish(StreamResult(seq.stream_id, [], "", is_final=True, error="inference_error"))
-        _notify(changed)
+        """What runs on a step once the Scheduler picked it, in order (StepRoute)."""
+        return list(self.route.stages)
 
     # --- internals ------------------------------------------------------------------------
     def _seq(self, sid: int) -> Sequence:
@@ -289,12 +244,6 @@ class ASREngine:
         if seq is None:
             raise EngineError("unknown_stream", f"no stream {sid}")
         return seq
-
-
-def _notify(seqs: list[Sequence]) -> None:
-    """Tell the streams' listeners of news: results, or a slot or queue place that changed."""
-    for seq in seqs:
-        seq.outbox.notify()
 
 
 def check_diarize(info, diarize: bool) -> None:

@@ -66,7 +66,7 @@ class StepCost:
     """Measured seconds of one round by its batch (moving average), to predict steps not yet run.
 
     A step of one chunk per stream is one round; a step whose streams take several chunks runs
-    them in rounds, one after the other (runner/model_runner.py). Seconds are the model's time for a
+    them in rounds, one after the other (runner/pre_encoder.py). Seconds are the model's time for a
     step: from scheduling (or, if it queued behind the step before, from that one's end) to
     results, what the Timeline adds end to end. Counting the wait too would count it twice, and
     make steps that overlap look dearer the more they overlap.

@@ -1,11 +1,11 @@
 """The Scheduler: every stream's lifecycle, admission, and what the model runs next.
 
 As nano-vllm's: `schedule()` picks the next step (which streams, how many of their chunks)
-by the policy in policy.py: live streams' chunks by their deadlines (the latency target's
-budget, latency.py), then bulk streams' backlogs in the room the live ones leave; the runner
-executes it; `postprocess()` takes it back, releases finished streams' slots and admits waiting
-ones. A stream's lifecycle (status, slot, steps in flight, chunks scheduled, its final's time)
-changes here only, under one lock.
+by the policy in policy.py (its StepPlanner, planner.py, plans it): live streams' chunks by their
+deadlines (the latency target's budget, latency.py), then bulk streams' backlogs in the room the
+live ones leave; the runner executes it; `postprocess()` takes it back, releases finished streams'
+slots and admits waiting ones. A stream's lifecycle (status, slot, steps in flight, chunks
+scheduled, its final's time) changes here and in the planner only, under one lock.
 
 Admission (admission.py) decides whether a live stream may take a free slot now; the slot pool
 (slots.py) says which stream holds each slot, and its stream table which have work.
@@ -23,10 +23,11 @@ from collections.abc import Iterator
 from .admission import PACE, Admission
 from .errors import QueueFull
 from .latency import LatencyTarget
-from .policy import LOADED, SATURATED, Ready, Situation, StepCost, Timeline, decide
+from .planner import StepPlanner
+from .policy import StepCost
 from .sequence import DEAD, Sequence, Status
 from .slots import SlotPool
-from .step import Step, StepItem
+from .step import Step
 
 
 class Scheduler:
@@ -38,23 +39,16 @@ class Scheduler:
         self.max_num_streams = max_num_streams
         self.max_queue = max_queue
         self.latency = LatencyTarget(target)
-        self.sample_rate = sample_rate
         self.max_batch = max_batch or max_num_streams
         self.max_in_flight = max_in_flight
-        self.max_chunks_per_step = max_chunks_per_step
-        self.lead = lead
         self.admission = Admission(max_num_streams, sample_rate)
         self.slots = SlotPool(max_num_streams)
         self.table = self.slots.table  # every admitted stream's audio counters, a row per slot
         self.waiting: deque[Sequence] = deque()
         self.active: dict[int, Sequence] = {}
         self._finals: dict[Sequence, None] = {}  # their final came; their last step is not scheduled yet
-        self._in_flight: list[Step] = []
-        self._last_done = 0.0  # when the last step was done
-        self._timeline = Timeline()  # when the steps in flight are predicted to be done
-        # the live streams' backlog at the last plan, for `stats` (worked out per plan, not per call: a
-        # queued client's every position update asks for the stats)
-        self._behind = _behind([], 0.0)
+        self.planner = StepPlanner(self.slots, self.admission, self._finals, sample_rate, self.max_batch,
+                                   max_chunks_per_step, lead)
         self._stopped = False
         self._cv = threading.Condition()
         # a push's news without the lock while the scheduling loop is not waiting (it holds the lock
@@ -130,7 +124,7 @@ class Scheduler:
                 admitted = self._admit_waiting()
                 if not admitted:
                     self._news, timeout = False, None  # the plan sees every mark made before this
-                    if len(self._in_flight) < self.max_in_flight:
+                    if len(self.planner.in_flight) < self.max_in_flight:
                         step, timeout = self._plan(time.monotonic())
                         if step is not None:
                             return step
@@ -148,11 +142,7 @@ class Scheduler:
         """A step is done (or failed). Returns (streams that failed now, streams whose slot or queue place changed)."""
         now = time.monotonic()
         with self._cv:
-            self._in_flight = [s for s in self._in_flight if s is not step]
-            # from scheduling, or from the end of the step before it if it queued behind one, to results:
-            # the model's time for it, as the Timeline adds steps end to end (the wait is the step before's)
-            seconds = now - max(step.started, self._last_done)
-            self._last_done = now
+            seconds = self.planner.done(step, now)
             if not failed:
                 if step.predicted_end is not None:
                     self.latency.step_done(now - step.predicted_end)
@@ -160,7 +150,6 @@ class Scheduler:
                 late = None if oldest is None else now - oldest > self.latency.target
                 self.admission.step_done([max(item.chunks, 1) for item in step], seconds, late,
                                          sum(step.seconds.values()), now)
-            self._timeline.settle(now, sum(s.predicted_seconds for s in self._in_flight))
             newly_failed, changed = [], self._admit_waiting()  # steps measured cheaper may make room
             for item in step:
                 seq = item.seq
@@ -195,9 +184,8 @@ class Scheduler:
         calibration.py)."""
         with self._cv:
             self.admission.forget()
-            self._timeline, self._last_done = Timeline(), 0.0
+            self.planner.forget()
             self.latency = LatencyTarget(self.latency.target)
-            self._behind = _behind([], 0.0)
 
     @property
     def cost(self) -> StepCost:
@@ -219,54 +207,12 @@ class Scheduler:
                 "capacity": capacity,
                 "max_num_streams": self.max_num_streams,
                 "max_queue": self.max_queue,
-                **self._behind,
+                **self.planner.behind,
             }
 
     # --- internals (lock held) ----------------------------------------------------------------
     def _plan(self, now: float) -> tuple[Step | None, float | None]:
-        """The next step by the policy, or (None, seconds to wait before deciding again)."""
-        ready, backlogs = self.slots.with_work(self._finals)
-        self._behind = _behind(ready, now)
-        loaded = not self._in_flight and LOADED <= self.admission.busy_fraction(now) < SATURATED
-        # the other live streams matter only to hold ready chunks for them, or to fit bulk work around them
-        upcoming, live_streams = self.slots.upcoming(self.sample_rate) if backlogs or (loaded and 0 < len(ready) < self.max_batch) else ([], 0)
-        chosen, timeout = decide(Situation(
-            ready, upcoming, backlogs, live_streams, now, self._timeline, self.cost, self.latency.budget, self.max_batch,
-            self.max_chunks_per_step, loaded, live_in_flight=any(map(_has_live, self._in_flight)), lead=self.lead,
-            busy=bool(self._in_flight)))
-        if not chosen:
-            return None, timeout
-        step = self._make_step(chosen, now)
-        # its oldest work's arrival, as the plan saw it: the first ready chunk taken, or the final
-        live = [(item.ready_times[0] if item.ready_times else item.final_at, item.chunks) for item in step
-                if not item.seq.bulk]
-        step.predicted_seconds = self._timeline.add(live, [item.chunks for item in step], now, self.cost)
-        if live and self.cost.measured:  # (unmeasured, a step is predicted to cost nothing)
-            step.predicted_end = self._timeline.free_at
-        return step, None
-
-    def _make_step(self, chosen: list[tuple[Sequence, int]], now: float) -> Step:
-        """A step of the chosen streams, each with up to its number of ready chunks."""
-        table, items = self.table, []
-        with table.lock:
-            for seq, n in chosen:
-                slot = seq.slot
-                first = table.taken[slot] == 0
-                times = table.take(slot, n)
-                # a long backlog goes in several steps so that live streams are not held behind it
-                last = seq.status is Status.FINALIZING and table.taken[slot] == table.ready[slot]
-                # a backlog is framed only as far as this step's chunks need: features of all of it at once
-                # would cost memory and time for chunks later steps take
-                upto = None if last else table.first[slot] + (table.taken[slot] - 1) * table.every[slot]
-                if last:
-                    seq.last_scheduled = True
-                    self.slots.close(seq)
-                    self._finals.pop(seq, None)
-                seq.in_flight += 1
-                items.append(StepItem(seq, slot, len(times), last, first, times, seq.final_at, upto))
-        step = Step(items, now)
-        self._in_flight.append(step)
-        return step
+        return self.planner.plan(now, self.latency.budget)
 
     def _admit_waiting(self) -> list[Sequence]:
         """Admit waiting streams, first come first served, while they fit; returns every stream whose
@@ -303,15 +249,6 @@ class Scheduler:
         return self._admit_waiting()
 
 
-def _behind(ready: list[Ready], now: float) -> dict:
-    """How far behind the live streams are at a plan (an overloaded server's edges, for operators):
-    those with more than one chunk waiting, the most chunks one has waiting, and how long the oldest
-    waiting chunk has waited."""
-    return {"streams_behind": sum(r.chunks > 1 for r in ready),
-            "longest_backlog_chunks": max((r.chunks for r in ready), default=0),
-            "oldest_chunk_wait_s": round(max(0.0, now - min((r.ready_at for r in ready), default=now)), 3)}
-
-
 def _oldest_since_admission(step: Step) -> float | None:
     """The arrival of the step's oldest live chunk that arrived after its stream's admission (None:
     none did). Chunks that arrived while their stream waited for a slot are late by the wait, not
@@ -326,6 +263,3 @@ def _oldest_since_admission(step: Step) -> float | None:
             oldest = first if oldest is None else min(oldest, first)
     return oldest
 
-
-def _has_live(step: Step) -> bool:
-    return any(not item.seq.bulk for item in step)

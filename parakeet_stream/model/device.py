@@ -1,4 +1,4 @@
-"""Checking a --device before any weights move to it, and moving host values to it."""
+"""Checking a --device before any weights move to it, and moving values between it and the host."""
 
 from __future__ import annotations
 
@@ -51,6 +51,27 @@ def to_device(values: np.ndarray | torch.Tensor, device: torch.device) -> torch.
     if device.type != "cuda":  # any other backend (and `meta`, the host benchmark's device without arithmetic)
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def device_index(values: list[int] | np.ndarray, device: torch.device) -> torch.Tensor:
+    """Host integers on `device` as int64 (an index), without a blocking copy."""
+    return to_device(torch.as_tensor(np.asarray(values, np.int64)), device)
+
+
+def to_host(tensors: list[torch.Tensor], device: torch.device) -> list[np.ndarray]:
+    """Every tensor on the host in one copy and one wait (a step's labels, every batch's at once)."""
+    if not tensors:
+        return []
+    flat = torch.cat([t.flatten() for t in tensors])
+    if device.type == "cuda":
+        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        copied = torch.cuda.Event(blocking=True)  # the thread sleeps while the step runs (CUDA would spin a core)
+        copied.record()
+        copied.synchronize()
+        flat = host
+    parts = np.split(flat.numpy(), np.cumsum([t.numel() for t in tensors])[:-1])
+    return [part.reshape(t.shape) for part, t in zip(parts, tensors)]
 
 
 def next_size(size: int, waste: float = 0.125, dense: int = 64) -> int:

@@ -22,7 +22,7 @@ to `fixed_iterations(frames)` (enough for a label on every frame and one more: w
 speech almost always needs, where the most a chunk could need, `max_iterations`, is about ten times
 that and every iteration costs the same whether a stream is active or not). A row still active
 after them is *unfinished*: its decoder state is left as it was before the pass (`settled`), its
-labels are not used, and the runner decodes it again eagerly (engine/runner/model_runner.py). On CPU a
+labels are not used, and the runner decodes it again eagerly (engine/runner/step_decoder.py). On CPU a
 pass runs eagerly until no stream is active.
 """
 

@@ -2,8 +2,8 @@
 server's worker processes. The server's doors call it as they call an ASREngine: the same
 methods, the same errors, listeners called from another thread (here the reading thread).
 
-Audio, finals and cancels are sent and not answered; every message leaves from a sending thread,
-in order, and audio packets queued together leave as one Audio message. A stream's audio is kept
+Audio, finals and cancels are sent and not answered, through the EngineConnection
+(engine_connection.py: the socket and its sending and reading threads). A stream's audio is kept
 back here until it makes a chunk ready (its `_ChunkGate`: the engine can do nothing with less), so that the
 engine process takes one packet per chunk however small the client's packets (20 ms from many
 voice-agent frameworks: eight times fewer). A step's results for this process's streams come as
@@ -18,12 +18,9 @@ engine process goes away, every open stream gets a final `inference_error` resul
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import socket
 import threading
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -38,7 +35,8 @@ from ..phrases import Phrase, PhraseError, boosting_tree
 from ..result_rows import ResultRows
 from ..results import DecoderProgress, Outbox, ResultBuilder, StreamResult
 from ..step import StepTotals
-from .messages import Answer, Ask, Audio, Cancel, Final, FromEngine, Framer, Hello, News, Open, Opened, Refused, Rows
+from .engine_connection import EngineConnection
+from .messages import Ask, Cancel, Final, Hello, News, Open, Opened, Refused, Rows
 from .service import SOCKET_BUFFER
 
 log = logging.getLogger(__name__)
@@ -49,16 +47,6 @@ log = logging.getLogger(__name__)
 OPEN_TIMEOUT = 5.0
 FIGURE_TIMEOUT = 0.5
 FIGURES = ("stats", "totals", "latency", "healthy")
-# What is queued within COALESCE_SECONDS of the last send leaves with it, its audio packets in one
-# Audio message (of at most AUDIO_BYTES, unless one packet is larger): the engine process then
-# wakes, reads and pushes once for many streams' packets. Per packet, its reading thread's wake-up
-# and hand-offs of the interpreter lock cost it more than the push itself.
-COALESCE_SECONDS = 0.002
-AUDIO_BYTES = 4 << 20
-# audio queued and not sent past which push_audio waits for the sending thread: an engine process
-# that stops reading holds a worker's audio in the socket's buffer and this much, not in ever more
-# memory (and the worker's doors slow down with it, as with a blocking send)
-QUEUE_BYTES = 16 << 20
 
 
 class _ChunkGate:
@@ -102,27 +90,18 @@ class EngineClient:
 
     def __init__(self, sock: socket.socket, on_lost: Callable[[], None] | None = None) -> None:
         """`sock`: connected to an EngineService; the engine's Hello is read here."""
-        self._sock = sock
-        self._framer = Framer(FromEngine)
+        self._connection = EngineConnection(sock, self._handle, self._lost)
+        self._send, self._call = self._connection.send, self._connection.call
         self._lock = threading.Lock()
         self._streams: dict[int, _Stream] = {}
-        self._asked: dict[int, tuple[threading.Event, list]] = {}
-        self._refs = itertools.count(1)
-        self._alive = True
-        self._outgoing: list = []  # messages, and (sid, samples) for audio, in the order sent
-        self._queued = 0  # bytes of audio in it
-        out_lock = threading.Lock()
-        self._out_cv = threading.Condition(out_lock)  # something to send
-        self._sent = threading.Condition(out_lock)  # the queue was taken
         self.on_lost = on_lost
-        self.info = _info(self._read_hello())
+        self.info = _info(self._connection.hello)
         self._languages = Languages(self.info.languages)
         tok = self.info.tokenizer
         self._results = ResultBuilder(self.info.frame_seconds, tok.eou_id if tok else None, self.info.endpoint_frames,
                                       tok.language_tags if tok else None)
         self._figures = {what: None for what in FIGURES}
-        threading.Thread(target=self._read, name="engine-client", daemon=True).start()
-        threading.Thread(target=self._write, name="engine-client-send", daemon=True).start()
+        self._connection.start()
         for what in FIGURES:  # known before the engine could go away
             self._figures[what] = self._call(lambda ref, what=what: Ask(ref, what), OPEN_TIMEOUT).value
 
@@ -135,8 +114,7 @@ class EngineClient:
         return cls(sock, on_lost)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
+        self._connection.close()
 
     # -- streams: ASREngine's API ---------------------------------------------------------
     def create_stream(self, lookahead=None, bulk: bool = False, phrases: tuple[Phrase, ...] = (),
@@ -215,7 +193,7 @@ class EngineClient:
 
     # -- figures ------------------------------------------------------------------------
     def healthy(self) -> bool:
-        return self._alive and bool(self._ask("healthy"))
+        return self._connection.alive and bool(self._ask("healthy"))
 
     def stats(self) -> dict:
         return dict(self._ask("stats"))
@@ -229,80 +207,12 @@ class EngineClient:
 
     def _ask(self, what: str):
         """The engine's answer, or (the engine gone) its last one."""
-        if self._alive:
+        if self._connection.alive:
             with contextlib.suppress(EngineError):
                 self._figures[what] = self._call(lambda ref: Ask(ref, what), FIGURE_TIMEOUT).value
         return self._figures[what]
 
-    # -- the socket -----------------------------------------------------------------------
-    def _call(self, make: Callable[[int], object], timeout: float) -> Opened | Refused | Answer:
-        ref, done, box = next(self._refs), threading.Event(), []
-        with self._lock:
-            self._asked[ref] = (done, box)
-        try:
-            self._send(make(ref))
-            if not done.wait(timeout) or not box:
-                raise EngineError("inference_error", "the engine did not answer")
-            return box[0]
-        finally:
-            with self._lock:
-                self._asked.pop(ref, None)
-
-    def _send(self, message) -> None:
-        if not self._alive:
-            raise EngineError("inference_error", "the engine is gone")
-        with self._out_cv:
-            self._outgoing.append(message)
-            self._out_cv.notify()
-            if isinstance(message, tuple):
-                self._queued += message[1].nbytes
-                while self._queued > QUEUE_BYTES and self._alive:
-                    self._sent.wait()
-
-    def _write(self) -> None:
-        sent = 0.0
-        while True:
-            with self._out_cv:
-                while not self._outgoing and self._alive:
-                    self._out_cv.wait()
-                if not self._alive:
-                    return
-            if (delay := sent + COALESCE_SECONDS - time.monotonic()) > 0:
-                time.sleep(delay)
-            with self._out_cv:
-                queued, self._outgoing, self._queued = self._outgoing, [], 0
-                self._sent.notify_all()
-            try:
-                self._sock.sendall(b"".join(self._frames(queued)))
-            except OSError:
-                return  # the reading thread sees the engine gone and ends every stream
-            sent = time.monotonic()
-
-    def _frames(self, queued: list) -> Iterator[bytes]:
-        """The queued messages' frames in order, each run of audio packets as Audio messages."""
-        for audio, run in itertools.groupby(queued, key=lambda item: isinstance(item, tuple)):
-            for message in _audio_messages(run) if audio else run:
-                yield self._framer.frame(message)
-
-    def _read_hello(self) -> Hello:
-        while True:
-            messages = self._framer.receive(self._sock)
-            if messages is None:
-                raise ConnectionError("the engine closed the connection before saying hello")
-            if messages:
-                if len(messages) > 1 or not isinstance(messages[0], Hello):
-                    raise ConnectionError("the engine's first message was not its hello")
-                return messages[0]
-
-    def _read(self) -> None:
-        try:
-            while (messages := self._framer.receive(self._sock)) is not None:
-                for message in messages:
-                    self._handle(message)
-        except (OSError, ValueError):
-            pass
-        self._lost()
-
+    # -- the engine's messages (on the connection's reading thread) -------------------------
     def _handle(self, message) -> None:
         if isinstance(message, Rows):
             return self._publish(message)
@@ -321,12 +231,7 @@ class EngineClient:
         if isinstance(message, Opened):
             with self._lock:
                 self._streams[message.sid] = _Stream(message.position)
-        with self._lock:
-            done, box = self._asked.get(message.ref, (None, None))
-        if done is not None:
-            box.append(message)
-            done.set()
-        elif isinstance(message, Opened):  # its caller gave up waiting: nobody will use it
+        if not self._connection.answer(message) and isinstance(message, Opened):  # its caller gave up waiting
             self.cancel(message.sid)
 
     def _publish(self, message: Rows) -> None:
@@ -352,15 +257,9 @@ class EngineClient:
             streams[sid].outbox.notify()
 
     def _lost(self) -> None:
-        """The engine went away: every open stream ends with an error, every caller waiting is told."""
-        self._alive = False
-        with self._out_cv:
-            self._out_cv.notify()
-            self._sent.notify_all()
+        """The engine went away: every open stream ends with an error."""
         with self._lock:
-            streams, asked = dict(self._streams), list(self._asked.values())
-        for done, _ in asked:
-            done.set()
+            streams = dict(self._streams)
         for sid, stream in streams.items():
             stream.failed = True
             stream.outbox.publish(StreamResult(sid, [], "", is_final=True, error="inference_error"))
@@ -378,25 +277,6 @@ class EngineClient:
 def _named(sids: bytes) -> list[int]:
     """The stream ids a Rows message names, as far as its bytes are whole ids."""
     return np.frombuffer(sids[: len(sids) // 8 * 8], np.int64).tolist()
-
-
-def _audio_messages(packets: Iterator[tuple[int, np.ndarray]]) -> Iterator[Audio]:
-    """(sid, samples) packets as Audio messages of at most AUDIO_BYTES (a larger packet alone)."""
-    batch: list[tuple[int, np.ndarray]] = []
-    size = 0
-    for packet in packets:
-        if batch and size + packet[1].nbytes > AUDIO_BYTES:
-            yield _audio(batch)
-            batch, size = [], 0
-        batch.append(packet)
-        size += packet[1].nbytes
-    if batch:
-        yield _audio(batch)
-
-
-def _audio(batch: list[tuple[int, np.ndarray]]) -> Audio:
-    return Audio([sid for sid, _ in batch], [samples.size for _, samples in batch],
-                 b"".join(samples for _, samples in batch))
 
 
 def _info(hello: Hello) -> EngineInfo:
