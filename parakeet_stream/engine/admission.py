@@ -141,6 +141,11 @@ class Admission:
             self._proven = max(self._proven, live)
         self._admitted = 0
         self._busy.append((now, busy))
+        if log.isEnabledFor(logging.DEBUG):  # what moved the capacity, step by step
+            line = self.cost.line()
+            log.debug("admission: a step of %d stream(s) a round took %.1f ms a round (late: %s); live %d, line %s, "
+                      "capacity %d", round(sum(chunks) / rounds), seconds / rounds * 1000, late, live,
+                      line and f"{line[0] * 1000:.1f} ms + {line[1] * 1000:.2f} ms a stream", self.capacity(None))
 
     def busy_fraction(self, now: float) -> float:
         while self._busy and self._busy[0][0] < now - BUSY_WINDOW:
