@@ -153,13 +153,30 @@ class Admission:
         return sum(seconds for _, seconds in self._busy) / BUSY_WINDOW
 
     def capacity(self, new: Sequence | None) -> int:
-        """The most live streams the measured step cost serves in real time, with `new` among them."""
+        """The most live streams the measured step cost serves in real time, with `new` among them:
+        what the line says, or what the batch of the last live step serves at its own measured cost,
+        if more (`_serves_now`); at least one."""
         samples = self.live.shortest_period(new)
         if samples is None:
             return self.max_num_streams
-        period = samples / self.sample_rate
+        budget = HEADROOM * samples / self.sample_rate
         # at least one: a machine slower than real time still serves a stream at a time, late
-        return max(1, self.cost.most_streams(HEADROOM * period, self.max_num_streams))
+        return max(1, self.cost.most_streams(budget, self.max_num_streams), self._serves_now(budget))
+
+    def _serves_now(self, budget: float) -> int:
+        """The most streams a round within `budget` holds, priced as the batch of the last live step
+        (its moving average, which every step of that size moves) shared among its streams; 0 before a
+        live step. A line with a fixed part never costs more than that, so this is the line's own
+        model on the machine as it is now. The line is fitted to every batch size measured, however
+        long ago: where steps held up for a while raised the sizes that ran then, only the sizes still
+        let in run again, and the line alone would hold admission down after the machine recovered."""
+        if self._last_round is None:
+            return 0
+        streams = self._last_round[0]
+        seconds = self.cost.measured_at(streams)
+        if not seconds or seconds <= 0:
+            return 0
+        return min(self.max_num_streams, int(budget * streams / seconds + 1e-9))
 
     def tell_why(self, refusal: str | None, waiting: int) -> None:
         """Log why streams wait in the queue, each time the reason changes."""
