@@ -3,7 +3,10 @@
 A live stream takes a slot only while the measured step cost (StepCost's line through the steps
 run so far: a round's fixed part and its part per stream) predicts a round of every live stream
 within HEADROOM of the shortest chunk period among them; past that it waits in the queue, however
-many slots are free, and is admitted as streams end or as steps prove cheaper. Beyond that point
+many slots are free, and is admitted as streams end or as steps prove cheaper. The line is fitted to
+every batch size measured, however long ago, so what the batch of the last live step serves at its
+own measured cost (shared among its streams) counts too: steps held up for a while left the sizes
+that ran then dear, and the line alone held a recovered machine to one live stream. Beyond that point
 every stream would fall behind together: each step takes longer than the audio it serves, and the
 next step is larger.
 
