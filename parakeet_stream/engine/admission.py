@@ -4,9 +4,9 @@ A live stream takes a slot only while the measured step cost (StepCost's line th
 run so far: a round's fixed part and its part per stream) predicts a round of every live stream
 within HEADROOM of the shortest chunk period among them; past that it waits in the queue, however
 many slots are free, and is admitted as streams end or as steps prove cheaper. The line is fitted to
-every batch size measured, however long ago, so what the batch of the last live step serves at its
-own measured cost (shared among its streams) counts too: steps held up for a while left the sizes
-that ran then dear, and the line alone held a recovered machine to one live stream. Beyond that point
+every batch size measured, however long ago, so what the last live step's round serves at its cost
+shared among its streams counts too: steps held up for a while left the sizes that ran then dear,
+and the line alone held a recovered machine to one live stream. Beyond that point
 every stream would fall behind together: each step takes longer than the audio it serves, and the
 next step is larger.
 
@@ -157,8 +157,8 @@ class Admission:
 
     def capacity(self, new: Sequence | None) -> int:
         """The most live streams the measured step cost serves in real time, with `new` among them:
-        what the line says, or what the batch of the last live step serves at its own measured cost,
-        if more (`_serves_now`); at least one."""
+        what the line says, or what the last live step's round serves at its cost shared among its
+        streams, if more (`_serves_now`); at least one."""
         samples = self.live.shortest_period(new)
         if samples is None:
             return self.max_num_streams
@@ -167,18 +167,18 @@ class Admission:
         return max(1, self.cost.most_streams(budget, self.max_num_streams), self._serves_now(budget))
 
     def _serves_now(self, budget: float) -> int:
-        """The most streams a round within `budget` holds, priced as the batch of the last live step
-        (its moving average, which every step of that size moves) shared among its streams; 0 before a
-        live step. A line with a fixed part never costs more than that, so this is the line's own
-        model on the machine as it is now. The line is fitted to every batch size measured, however
-        long ago: where steps held up for a while raised the sizes that ran then, only the sizes still
-        let in run again, and the line alone would hold admission down after the machine recovered."""
+        """The most streams a round within `budget` holds, priced as the last live step's round shared
+        among its streams (a round with a fixed part never costs more than that: the line's own model,
+        on the machine as it is now); 0 before a live step. The line, and each batch size's moving
+        average, are made of steps of every load so far, and a size's average moves only while steps of
+        that size run: one step held up for a while at a size (the CPU taken by other work; a first
+        chunk, dearer, among them) kept that size dear, and the line alone held a recovered machine to
+        one live stream."""
         if self._last_round is None:
             return 0
-        streams = self._last_round[0]
-        seconds = self.cost.measured_at(streams)
-        if not seconds or seconds <= 0:
-            return 0
+        streams, seconds = self._last_round
+        if seconds <= 0:
+            return self.max_num_streams
         return min(self.max_num_streams, int(budget * streams / seconds + 1e-9))
 
     def tell_why(self, refusal: str | None, waiting: int) -> None:

@@ -122,10 +122,6 @@ class StepCost:
             return limit if fixed <= seconds else 0
         return max(0, min(limit, int((seconds - fixed) / per_stream + 1e-9)))
 
-    def measured_at(self, batch: int) -> float | None:
-        """The moving average of a round of `batch` streams as measured (None: never measured)."""
-        return self._seconds.get(batch)
-
     def record_step(self, chunks: list[int], seconds: float) -> None:
         """A step with `chunks` per stream (at least 1 each) took `seconds`: its rounds at their mean batch."""
         rounds = max(chunks)
