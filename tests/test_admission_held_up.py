@@ -7,8 +7,8 @@ at their mean, so admission said one live stream, and from then on only steps of
 nothing measured 2-4 streams again, and every later stream waited for the one before it to end
 (seconds of audio, EndOfTurns seconds late, and Flux has no message to say so). Now a stream that
 waits for a slot on an API without a `queued` message is logged and counted, and the machine, once
-it recovered, admits what it admitted before: what the batch of its last live step serves at its
-own measured cost counts too (admission.py)."""
+it recovered, admits what it admitted before: what the last live step's round serves at its cost
+shared among its streams counts too (admission.py)."""
 from __future__ import annotations
 
 import logging
@@ -127,7 +127,13 @@ async def test_after_steps_held_up_as_streams_ended_the_next_streams_are_admitte
         assert held, "no step of two or more streams ended a stream: nothing was held up"
         armed[0] = False
         before = len(live)
-        second = await four_at_once(ctx, audio)
+
+        async def all_live() -> None:  # (streams stay live until they close: their admission alone counts)
+            with trio.move_on_after(10):
+                while len(engine.scheduler.admission.live) < 4:
+                    await trio.sleep(0.02)
+
+        second = await four_at_once(ctx, audio, before_close=all_live)
     # before: the line through the held-up sizes said one stream, and only one was ever let in again
     assert max(live[before:]) == 4, f"after steps of {held} streams were held up {HELD_UP:g} s: live {live[before:]}"
     for messages in first + second:
