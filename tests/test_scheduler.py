@@ -477,3 +477,28 @@ def test_why_streams_wait_is_logged_once_each_time_the_reason_changes(caplog):
     measured(sch, (1, 0.060), (2, 0.110), (3, 0.160))  # still 2: nothing new to say
     sch._admit_waiting()
     assert len(caplog.records) == 1
+
+
+def test_steps_held_up_for_a_while_do_not_hold_admission_down_once_the_machine_recovered():
+    """Each batch size's cost moves only while steps of that size run. Steps of two streams held up
+    for seconds (the CPU taken by other work) left that size dear and the line said one stream; then
+    only one-stream steps ran and nothing measured two again. What the last live step's batch serves
+    at its own measured cost counts too, so a recovered machine admits what it did before."""
+    sch = Scheduler(4, 4, target=0.32, sample_rate=RATE)
+    measured(sch, (1, 0.007), (2, 0.009))  # the start-up measure: room for every slot
+    a, b = seq(), seq()
+    assert [sch.add(s) for s in (a, b)] == [True, True]
+    for _ in range(2):  # two steps of both streams, held up 3 s each
+        give_chunks(a, 1)
+        give_chunks(b, 1)
+        step = sch.schedule()
+        step.started -= 3.0
+        sch.postprocess(step)
+    assert sch.cost.most_streams(0.128, 4) == 0  # the line: not even one stream in real time
+    sch.cancel(b)
+    give_chunks(a, 1)
+    step = sch.schedule()  # the machine recovered: a step of one stream as cheap as ever
+    sch.cost.alpha = 0.0
+    sch.postprocess(step)
+    assert sch.stats()["capacity"] == 4
+    assert [sch.add(seq()) for _ in range(3)] == [True, True, True]

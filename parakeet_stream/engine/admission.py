@@ -3,7 +3,10 @@
 A live stream takes a slot only while the measured step cost (StepCost's line through the steps
 run so far: a round's fixed part and its part per stream) predicts a round of every live stream
 within HEADROOM of the shortest chunk period among them; past that it waits in the queue, however
-many slots are free, and is admitted as streams end or as steps prove cheaper. Beyond that point
+many slots are free, and is admitted as streams end or as steps prove cheaper. The line is fitted to
+every batch size measured, however long ago, so what the last live step's round serves at its cost
+shared among its streams counts too: steps held up for a while left the sizes that ran then dear,
+and the line alone held a recovered machine to one live stream. Beyond that point
 every stream would fall behind together: each step takes longer than the audio it serves, and the
 next step is larger.
 
@@ -142,6 +145,11 @@ class Admission:
             self._proven = max(self._proven, live)
         self._admitted = 0
         self._busy.append((now, busy))
+        if log.isEnabledFor(logging.DEBUG):  # what moved the capacity, step by step
+            line = self.cost.line()
+            log.debug("admission: a step of %d stream(s) a round took %.1f ms a round (late: %s); live %d, line %s, "
+                      "capacity %d", round(sum(chunks) / rounds), seconds / rounds * 1000, late, live,
+                      line and f"{line[0] * 1000:.1f} ms + {line[1] * 1000:.2f} ms a stream", self.capacity(None))
 
     def busy_fraction(self, now: float) -> float:
         while self._busy and self._busy[0][0] < now - BUSY_WINDOW:
@@ -149,13 +157,30 @@ class Admission:
         return sum(seconds for _, seconds in self._busy) / BUSY_WINDOW
 
     def capacity(self, new: Sequence | None) -> int:
-        """The most live streams the measured step cost serves in real time, with `new` among them."""
+        """The most live streams the measured step cost serves in real time, with `new` among them:
+        what the line says, or what the last live step's round serves at its cost shared among its
+        streams, if more (`_serves_now`); at least one."""
         samples = self.live.shortest_period(new)
         if samples is None:
             return self.max_num_streams
-        period = samples / self.sample_rate
+        budget = HEADROOM * samples / self.sample_rate
         # at least one: a machine slower than real time still serves a stream at a time, late
-        return max(1, self.cost.most_streams(HEADROOM * period, self.max_num_streams))
+        return max(1, self.cost.most_streams(budget, self.max_num_streams), self._serves_now(budget))
+
+    def _serves_now(self, budget: float) -> int:
+        """The most streams a round within `budget` holds, priced as the last live step's round shared
+        among its streams (a round with a fixed part never costs more than that: the line's own model,
+        on the machine as it is now); 0 before a live step. The line, and each batch size's moving
+        average, are made of steps of every load so far, and a size's average moves only while steps of
+        that size run: one step held up for a while at a size (the CPU taken by other work; a first
+        chunk, dearer, among them) kept that size dear, and the line alone held a recovered machine to
+        one live stream."""
+        if self._last_round is None:
+            return 0
+        streams, seconds = self._last_round
+        if seconds <= 0:
+            return self.max_num_streams
+        return min(self.max_num_streams, int(budget * streams / seconds + 1e-9))
 
     def tell_why(self, refusal: str | None, waiting: int) -> None:
         """Log why streams wait in the queue, each time the reason changes."""

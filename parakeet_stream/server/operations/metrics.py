@@ -82,6 +82,13 @@ class Metrics:
             buckets=FINAL_BUCKETS,
             registry=own,
         )
+        self.queue_wait = Histogram(
+            "parakeet_queue_wait_seconds",
+            "From a stream's first wait for a slot to its admission (streams that waited), by protocol",
+            ["protocol"],
+            buckets=FINAL_BUCKETS,
+            registry=own,
+        )
         self.errors = Counter(
             "parakeet_errors", "Errors reported to clients, by code", ["code"], registry=own
         )

@@ -57,6 +57,7 @@ class Connection:
         self._reader_scope = trio.CancelScope()
         self._idle_scope = trio.CancelScope()
         self._rate = TokenBucket(ctx.config.max_messages_per_second)
+        self.where = f"peer={channel.peer} door={channel.door} protocol={protocol.name}"  # (the access log's words)
 
     async def run(self, first: str | None = None) -> None:
         """Serve until the connection ends; `first`: a message the handshake already read."""

@@ -96,6 +96,7 @@ class Segment(EngineStream):
         self.token_count = 0
         self.announced_position = 0  # the queue position the client was last told
         self.admitted_at: float | None = None
+        self.queued_at: float | None = None  # when it was first found waiting for a slot
         self.final_at: float | None = None  # the client's end of input
         changed.set()
 

@@ -11,6 +11,7 @@ messages it posts (`post`, see connection.py) happen in one step, with nothing a
 """
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -21,6 +22,8 @@ from .segments import Segment, Segments
 if TYPE_CHECKING:
     from ...engine import StreamResult
     from .connection import Connection
+
+log = logging.getLogger(__name__)
 
 
 class Session:
@@ -86,6 +89,10 @@ class Session:
         ctx = self.connection.ctx
         position = segment.position()
         if position > 0:
+            if segment.queued_at is None:  # a protocol without a queued message waits silently: the log says it
+                segment.queued_at = trio.current_time()
+                log.info("%s waits for a slot: queue position %d%s", self.connection.where, position,
+                         "" if self.announces_queue else " (its API has no message to tell the client)")
             if position != segment.announced_position and self.announces_queue:
                 wait = ctx.estimator.estimate(position, ctx.engine.stats()["capacity"])
                 self.post({"type": "queued", "position": position, "estimated_wait_s": wait})
@@ -93,6 +100,10 @@ class Session:
             return False
         if not segment.admit():  # (the queue moved on since)
             return False
+        if segment.queued_at is not None:
+            waited = trio.current_time() - segment.queued_at
+            ctx.metrics.queue_wait.labels(self.connection.protocol.metric).observe(waited)
+            log.info("%s got a slot after %.1f s in the queue", self.connection.where, waited)
         self.segments.progress.set()
         self.connection.rearm_idle()
         self.on_admitted(segment)
