@@ -10,23 +10,28 @@ import math
 import shutil
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from helpers import Raw, audio_messages, collect_until_final, metric, pcm16_exact, refused_handshake, running_server, tokens_of, url
 
+from demo_model.conversations import FRAME, HOP, activity
 from demo_model.speech import synth
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine, EngineError
 from parakeet_stream.engine.diarizer import live_streaming
 from parakeet_stream.model.sortformer import Sortformer
 from parakeet_stream.model.sortformer_streaming import StreamingSortformer, stream_features
+from parakeet_stream.server.streams.speakers import SpeakerTimeline
+from parakeet_stream.server.streams.words import WordTracker
 
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")
 
 SORTFORMER = Path(__file__).parent / "fixtures" / "nemo" / "sortformer_tiny.nemo"
 PACKET = 2560
+RATE = 16000
 VOICES = [("en-us", "the red fox jumps over the lazy dog"), ("en-us+f3", "she sells sea shells by the sea shore"),
           ("en-gb", "seven green apples fell from the tall tree")]
 
@@ -68,8 +73,10 @@ def offline(sortformer: Sortformer, samples: np.ndarray) -> np.ndarray:
 
 
 def word_speaker(probs: np.ndarray, start: float, end: float, most: int) -> int:
-    """The speaker most active over the 80 ms frames the word spans (at least the one it starts in)."""
-    first = min(int(start / 0.08 + 1e-6), len(probs) - 1)
+    """The speaker most active over the 80 ms frames of the word's audio (at least one): its times
+    moved two recogniser frames (2 x 80 ms) earlier, where the voice sounded before its tokens came."""
+    start, end = start - 0.16, end - 0.16
+    first = min(max(0, int(start / 0.08 + 1e-6)), len(probs) - 1)
     stop = max(first + 1, min(math.ceil(end / 0.08 - 1e-6), len(probs)))
     return int(probs[first:stop, :most].sum(0).argmax())
 
@@ -132,6 +139,38 @@ def test_an_engine_without_a_diarizer_refuses_a_diarized_stream(plain_engine):
     with pytest.raises(EngineError) as info:
         plain_engine.create_stream(diarize=True)
     assert info.value.code == "diarization_unavailable" and "--diarizer" in info.value.message
+
+
+TURN_TAKING = [("en-us", "could you pass me the salt"), ("en-gb+f3", "of course here it is"),
+               ("en-us", "thank you so much")]
+
+
+def test_each_word_gets_the_speaker_of_its_audio_also_the_last_before_a_short_pause(engine):
+    """The recogniser's words timed by their tokens, which come after the audio they transcribe: a
+    turn's last word ("is") must not take the speaker of the pause and the next voice after it.
+    The diarizer here is exact (each voice's measured speech per 80 ms frame), so only the way a
+    word is matched with speaker frames is tested."""
+    pause, parts, spans = np.zeros(int(0.15 * RATE), np.float32), [], []
+    for i, (voice, text) in enumerate(TURN_TAKING):
+        name, variant = (voice.split("+") + ["default"])[:2]
+        samples = pcm16_exact(synth({"voice": name, "variant": variant, "speed": 170, "pitch": 50, "text": text},
+                                    seed=i, lead=0.0, tail=0.0))
+        spans.append((sum(x.size for x in parts), activity(samples)))
+        parts += [samples, pause]
+    audio = np.concatenate(parts)
+    frames = -(-audio.size // FRAME)
+    heard = np.zeros((frames * FRAME // HOP, engine.info.speakers), np.float32)  # per 10 ms
+    for turn, (at, active) in enumerate(spans):
+        heard[at // HOP : at // HOP + active.size, turn % 2] = active
+    exact = heard.reshape(frames, FRAME // HOP, -1).mean(1).round()  # a voice in at least half a frame
+    results = run(engine, audio, diarize=True)
+    tracker, timeline, words = WordTracker(engine.info), SpeakerTimeline(engine.info, engine.info.speakers), []
+    timeline.add(SimpleNamespace(speakers=exact))
+    for result in results:
+        words += timeline.label(tracker.update(result, result.audio_seconds, close=result.is_final))
+    said = [turn % 2 for turn, (_, text) in enumerate(TURN_TAKING) for _ in text.split()]
+    assert len(words) == len(said), [w["word"] for w in words]  # the recogniser heard each word
+    assert [(w["word"], w["speaker"]) for w in words] == [(w["word"], s) for w, s in zip(words, said)]
 
 
 # -- the native protocol ----------------------------------------------------------------------

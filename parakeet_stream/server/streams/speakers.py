@@ -1,11 +1,14 @@
 """Each word's speaker, from a diarized segment's speaker probabilities (`StreamResult.speakers`).
 
-A word's speaker is the one with the most summed probability over the diarizer frames its time
-spans (at least the frame it starts in), among the first `max_speakers` (speakers past them merge
-into the most active one allowed); speakers are numbered from 0 in the order the diarizer first
-heard them. Its confidence is that speaker's mean probability over those frames. The engine sends
-a segment's results only once the diarizer has covered their audio, so a word's speaker is known
-when it completes and never changes.
+A word's speaker is the one with the most summed probability over the diarizer frames of its audio
+(at least one frame), among the first `max_speakers` (speakers past them merge into the most active
+one allowed); speakers are numbered from 0 in the order the diarizer first heard them. Its
+confidence is that speaker's mean probability over those frames. A word's times are its tokens'
+frames, and the recogniser emits a token once it has heard it: about two of its frames after the
+audio (TOKEN_LAG_FRAMES), so the word's audio is its times moved that much earlier. Without that, a
+turn's last word would be judged by the pause after it and the next speaker's first sounds. The
+engine sends a segment's results only once the diarizer has covered their audio, so a word's
+speaker is known when it completes and never changes.
 """
 from __future__ import annotations
 
@@ -20,6 +23,10 @@ from ..transport.codes import ProtocolError
 
 if TYPE_CHECKING:
     from ...engine import EngineInfo, StreamResult
+
+# Recogniser frames between a word's audio and its tokens' times (the demo recogniser's first word
+# of a turn starts about 3 frames after the voice does, its last word ends about 2 after it stops).
+TOKEN_LAG_FRAMES = 2
 
 
 def checked_speakers(info: EngineInfo, diarize: bool, max_speakers: int | None, field: str = "max_speakers") -> int:
@@ -42,6 +49,7 @@ class SpeakerTimeline:
 
     def __init__(self, info: EngineInfo, max_speakers: int) -> None:
         self._frame = info.speaker_frame_seconds
+        self._lag = TOKEN_LAG_FRAMES * info.frame_seconds  # seconds from a word's audio to its times
         self._speakers = info.speakers
         self.max_speakers = max_speakers
         self._probs = np.zeros((0, info.speakers), np.float32)
@@ -64,10 +72,11 @@ class SpeakerTimeline:
         return words
 
     def speaker(self, start: float, end: float) -> tuple[int, float]:
-        """(speaker, confidence) of the segment's seconds start..end."""
+        """(speaker, confidence) of the word at the segment's seconds start..end (its tokens' times)."""
         n = len(self._probs)
         if n == 0:
             return 0, 0.0
+        start, end = start - self._lag, end - self._lag
         first = min(max(0, int(start / self._frame + 1e-6)), n - 1)
         stop = max(first + 1, min(math.ceil(end / self._frame - 1e-6), n))
         activity = self._probs[first:stop, : self.max_speakers].sum(0)
