@@ -30,15 +30,14 @@ class Cue:
 def cues(utterances: Iterable[list[dict]], max_line_chars: int = MAX_LINE_CHARS) -> list[Cue]:
     """Cues for utterances given as lists of words ({"word", "start", "end"}, in order)."""
     out: list[Cue] = []
-    names: dict[int, str] = {}
+    name = SpeakerNames()
     for words in utterances:
         for turn in speaker_turns(words):
             speaker = turn[0].get("speaker")
-            name = None if speaker is None else names.setdefault(speaker, speaker_name(len(names)))
             for group in _cue_groups(turn, max_line_chars):
                 lines = tuple(join_words(w["word"] for w in line) for line in group)
                 start, end = group[0][0]["start"], group[-1][-1]["end"]
-                out.append(Cue(start, max(start, end), lines, name))
+                out.append(Cue(start, max(start, end), lines, None if speaker is None else name(speaker)))
     return out
 
 
@@ -50,6 +49,16 @@ def speaker_turns(words: list[dict]) -> list[list[dict]]:
             turns.append([])
         turns[-1].append(word)
     return turns
+
+
+class SpeakerNames:
+    """Speakers' names in the order they first speak: the first one named A, the next B, ..."""
+
+    def __init__(self) -> None:
+        self._names: dict[int, str] = {}
+
+    def __call__(self, speaker: int) -> str:
+        return self._names.setdefault(speaker, speaker_name(len(self._names)))
 
 
 def speaker_name(k: int) -> str:

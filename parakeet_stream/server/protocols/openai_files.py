@@ -191,7 +191,7 @@ def render(transcript: FileTranscript, options: Options) -> bytes:
         return wire.dumps({"text": transcript.text, "usage": usage})
     if kind == "diarized_json":
         return wire.dumps({"task": "transcribe", "duration": round(transcript.duration, 3), "text": transcript.text,
-                           "segments": diarized_segments(transcript), "usage": usage})
+                           "segments": DiarizedSegments().of(transcript.utterances), "usage": usage})
     body = {"task": "transcribe", "language": language_name(transcript.language or options.language),
             "duration": round(transcript.duration, 3),
             "text": transcript.text}
@@ -202,25 +202,21 @@ def render(transcript: FileTranscript, options: Options) -> bytes:
     return wire.dumps(body | {"usage": usage})
 
 
-def diarized_segments(transcript: FileTranscript) -> list[dict]:
-    return DiarizedSegments().of(transcript.utterances)
-
-
 class DiarizedSegments:
     """A transcript in speaker turns, as OpenAI's diarized_json and its `transcript.text.segment`
     events: a turn never spans two utterances, speakers are named A, B, ... in the order they first
     speak, ids count up; utterances are given in order, all at once or as they complete."""
 
     def __init__(self) -> None:
-        self._names: dict[int, str] = {}
+        self._name = subtitles.SpeakerNames()
         self._count = 0
 
     def of(self, utterances: list) -> list[dict]:
         out = []
         for turn in (turn for u in utterances for turn in subtitles.speaker_turns(u.words)):
-            speaker = self._names.setdefault(turn[0]["speaker"], subtitles.speaker_name(len(self._names)))
             out.append({"type": "transcript.text.segment", "id": f"seg_{self._count}", "start": turn[0]["start"],
-                        "end": turn[-1]["end"], "text": join_words(w["word"] for w in turn), "speaker": speaker})
+                        "end": turn[-1]["end"], "text": join_words(w["word"] for w in turn),
+                        "speaker": self._name(turn[0]["speaker"])})
             self._count += 1
         return out
 
