@@ -71,7 +71,6 @@ class SlotPool:
         table = self.table
         live = table.open & ~table.bulk
         with table.lock:
-            got = np.array(table.ready)
-            quiet = np.flatnonzero(live & (got == np.array(table.taken)) & (got > 0) & ~table.finalizing)
+            quiet = np.flatnonzero(live & ~table.pending & table.started & ~table.finalizing)
             due = table.due(quiet, sample_rate)
         return due.tolist(), int(live.sum())

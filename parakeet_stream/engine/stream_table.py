@@ -33,6 +33,10 @@ class StreamTable:
         self.times: list[deque[float]] = [deque() for _ in range(rows)]  # arrival of each ready chunk not taken
         self.arrival = [0.0] * rows  # the last push's time
         self.packet = [0] * rows  # the last push's samples (the client's packet)
+        # ready > taken, and ready > 0, kept as arrays so that a plan finds its rows without
+        # converting the counters (it plans at every push that makes a chunk ready)
+        self.pending = np.zeros(rows, bool)
+        self.started = np.zeros(rows, bool)
         # the Scheduler's: a row it plans for (admitted, not dead, last step not scheduled), live or bulk
         self.open = np.zeros(rows, bool)
         self.bulk = np.zeros(rows, bool)
@@ -53,13 +57,14 @@ class StreamTable:
         if ready == before:
             return False
         self.ready[row] = ready
+        self.pending[row] = self.started[row] = True
         self.times[row].extend([now] * (ready - before))
         return True
 
     # --- the Scheduler (lock held) ---------------------------------------------------------------
     def with_work(self) -> np.ndarray:
         """Rows with a ready chunk not taken, that the Scheduler plans for."""
-        return np.flatnonzero(self.open & (np.array(self.ready) > np.array(self.taken)))
+        return np.flatnonzero(self.open & self.pending)
 
     def take(self, row: int, n: int) -> list[float]:
         """Arrival times of the next `n` ready chunks of `row` (at most those ready), taken."""
@@ -67,6 +72,7 @@ class StreamTable:
         n = min(n, len(times))
         self.taken[row] += n
         if n == len(times):  # (nearly always: a step takes every ready chunk of a live stream)
+            self.pending[row] = False
             out = list(times)
             times.clear()
             return out
@@ -85,5 +91,5 @@ class StreamTable:
     # --- rows ----------------------------------------------------------------------------------
     def copy_row(self, row: int, into: StreamTable, at: int) -> None:
         """Row `row`'s audio counters into `into`'s row `at` (both locks held)."""
-        for name in ("first", "every", "samples_in", "ready", "taken", "times", "arrival", "packet"):
+        for name in ("first", "every", "samples_in", "ready", "taken", "times", "arrival", "packet", "pending", "started"):
             getattr(into, name)[at] = getattr(self, name)[row]

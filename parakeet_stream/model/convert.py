@@ -119,7 +119,9 @@ def _member(tar: tarfile.TarFile, members: dict, name: str, path: Path, progress
         raise ConvertError(f"{path}: not a .nemo archive we can read (no {name})")
     src = tar.extractfile(members[name])
     buf = io.BytesIO()
-    with tqdm(total=members[name].size, unit="B", unit_scale=True, desc=name, disable=not progress, leave=False) as bar:
+    # a bar only for reads that take a while (a checkpoint of gigabytes, not a test fixture)
+    with tqdm(total=members[name].size, unit="B", unit_scale=True, desc=name, disable=not progress, leave=False,
+              delay=2) as bar:
         while block := src.read(1 << 22):
             buf.write(block)
             bar.update(len(block))
