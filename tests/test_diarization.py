@@ -127,7 +127,7 @@ def test_a_stream_without_diarization_gets_the_same_tokens_and_runs_no_diarizer(
                                                                                monkeypatch):
     steps = []
     step = engine.diarizer.sortformer.step
-    monkeypatch.setattr(engine.diarizer.sortformer, "step", lambda *a: steps.append(1) or step(*a))
+    monkeypatch.setattr(engine.diarizer.sortformer, "step", lambda *a, **k: steps.append(1) or step(*a, **k))
     results = run(engine, dialogue, diarize=False)
     assert not steps and all(r.speakers is None for r in results)
     assert tokens_of(results) == tokens_of(run(plain_engine, dialogue, diarize=False)) and tokens_of(results)

@@ -63,10 +63,15 @@ def build(config: EngineConfig) -> EngineParts:
     lap("memory")
     runner = ModelRunner(model, scheduler.max_num_streams, scheduler.max_batch, config.cuda_graphs, modes.default,
                          modes.served)
+    diarizer = None
+    if sortformer is not None:  # its graphs replay on the decode stage's stream, whose thread runs it (pipeline.route)
+        diarizer = Diarizer(sortformer, scheduler.max_num_streams, max_batch=scheduler.max_batch, graphs=runner.graphs,
+                            lane=runner.lanes.get("decode"))
     lap("pools")
     runner.capture()  # before the stage threads run: a capture must not overlap their work
+    if diarizer is not None:
+        diarizer.capture()
     lap("capture")
-    diarizer = Diarizer(sortformer, scheduler.max_num_streams) if sortformer else None
     runner.keep_samples = diarizer is not None
     tok = model.tokenizer
     endpoint_frames = max(1, round(config.endpoint_seconds / model.frame_seconds))
@@ -84,7 +89,7 @@ def build(config: EngineConfig) -> EngineParts:
         ready_samples={mode: modes.inbox(mode).readiness for mode in modes.served},
         precision=model.precision,
         start_seconds=round(time.monotonic() - started, 2),
-        cuda_graphs=runner.graph_count,
+        cuda_graphs=runner.graph_count + (diarizer.graph_count if diarizer is not None else 0),
         start_phases=lap.seconds,
         languages=languages.names,
         default_language=languages.default,
