@@ -8,20 +8,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from helpers import collect_until_final, varied_audios
+from conftest import NEMO
+from helpers import diarized_speakers, varied_audios
 
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.engine.diarizer import Diarizer
 from parakeet_stream.model.sortformer import Sortformer
 from parakeet_stream.model.sortformer_streaming import SortformerState
 
-SORTFORMER = Path(__file__).parent / "fixtures" / "nemo" / "sortformer_tiny.nemo"
 SLOTS, MAX_BATCH = 4, 5  # sizes 1, 2, 4, 5: a round of 3 streams has a padding row
 # an update period of at least a chunk's 7 pre-encoded frames, as the live setting's: the compression's
 # working width is then the eager one (sortformer_streaming.py), and equal scores keep the same frames
@@ -33,7 +32,7 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def sortformer() -> Sortformer:
-    return Sortformer.from_nemo(SORTFORMER)
+    return Sortformer.from_nemo(NEMO / "sortformer_tiny.nemo")
 
 
 def diarizers(sortformer: Sortformer) -> tuple[Diarizer, Diarizer]:
@@ -165,15 +164,7 @@ def test_engine_through_static_batches_gives_the_same_speakers(sortformer, wavs)
 
     def speakers(**options) -> list[np.ndarray]:
         with ASREngine("demo", max_num_streams=4, diarizer=sortformer, **options) as engine:
-            sids = [engine.create_stream(diarize=True) for _ in audios]
-            for at in range(0, max(map(len, audios)), 2560):
-                for sid, a in zip(sids, audios):
-                    if at < len(a):
-                        engine.push_audio(sid, a[at : at + 2560])
-            for sid in sids:
-                engine.finalize(sid)
-            out = [np.concatenate([r.speakers for r in collect_until_final(engine, sid) if r.speakers is not None])
-                   for sid in sids]
+            out = diarized_speakers(engine, audios)
             if options:
                 static = engine.diarizer.static
                 assert static.replays > 0 and static.eager_calls == 0 and static.sizes == [1, 2, 4]

@@ -57,7 +57,7 @@ def build(config: EngineConfig) -> EngineParts:
     device = model.features.fb.device
     modes = ServedModes(model, config.modes, config.lookahead)
     sortformer = _sortformer(config.diarizer, device)
-    slots, max_batch = _slots(config, model, device, Diarizer.slot_bytes(sortformer) if sortformer else 0)
+    slots, max_batch = _slots(config, model, device, sortformer)
     scheduler = Scheduler(slots, config.max_queue, config.latency_target, SAMPLE_RATE, max_batch,
                           max_in_flight=DEPTH, lead=modes.first_chunk_seconds())
     lap("memory")
@@ -108,13 +108,18 @@ def _sortformer(diarizer: str | Path | Sortformer | None, device: torch.device) 
     return load_diarizer(diarizer).to(device)
 
 
-def _slots(config: EngineConfig, model: ParakeetModel, device: torch.device, diarizer_bytes: int) -> tuple[int, int | None]:
+def _slots(config: EngineConfig, model: ParakeetModel, device: torch.device,
+           sortformer: Sortformer | None) -> tuple[int, int | None]:
     """(slots, most streams a step): on CUDA what its free memory holds (memory.py; a diarizer's
-    state pool counts in each slot), on a CPU as asked (`auto`: what the host's memory holds)."""
+    state pool counts in each slot, its round in each stream of a step), on a CPU as asked (`auto`:
+    what the host's memory holds)."""
     most = min(config.auto_limit or MAX_SLOTS, MAX_SLOTS)
     slots = config.max_num_streams
     if device.type == "cuda":
-        plan = plan_memory(free_memory(device), slot_bytes(model) + diarizer_bytes, stream_bytes(model),
+        slot, step = slot_bytes(model), stream_bytes(model)
+        if sortformer is not None:  # one round at a time (the decode thread's), not one per step in flight
+            slot, step = slot + Diarizer.slot_bytes(sortformer), step + -(-Diarizer.row_bytes(sortformer) // DEPTH)
+        plan = plan_memory(free_memory(device), slot, step,
                            None if slots == "auto" else int(slots), config.max_batch, most=most)
         return plan.slots, plan.max_batch
     if slots == "auto":

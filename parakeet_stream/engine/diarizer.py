@@ -156,6 +156,22 @@ class Diarizer:
         """A slot's row of the state pool (its host Track is a few chunks of mel frames more)."""
         return SortformerState.zeros(model, streaming or live_streaming(model), 1).nbytes_per_row()
 
+    @staticmethod
+    @torch.inference_mode()
+    def row_bytes(model: Sortformer, probe: int = 8) -> int:
+        """Peak device bytes per row of a round at its widest (CUDA): its static inputs and what a graph
+        of it holds in its memory pool for good, or an eager round for its time; measured on a probe batch."""
+        diarizer = Diarizer(model, probe)
+        device, rows = diarizer.device, torch.arange(probe, device=diarizer.device)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        feats = diarizer._inputs(probe)[0]
+        full = [torch.full_like(rows, n) for n in (diarizer.width, diarizer.left, diarizer.right)]
+        diarizer.step_rows(feats, *full, rows, fixed=True)
+        torch.cuda.synchronize(device)
+        return -(-(torch.cuda.max_memory_allocated(device) - base) // probe)
+
     def run(self, step: Step) -> None:
         if not step.diarized:
             return
