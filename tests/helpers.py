@@ -90,6 +90,20 @@ def run_stream(engine: ASREngine, audio: np.ndarray, lookahead=None, packet: int
     return collect_until_final(engine, sid)
 
 
+def diarized_speakers(engine: ASREngine, audios: list[np.ndarray], packet: int = 2560) -> list[np.ndarray]:
+    """Diarized streams pushed side by side, packet by packet: each one's speaker probabilities
+    [frames, speakers], from all its results."""
+    sids = [engine.create_stream(diarize=True) for _ in audios]
+    for at in range(0, max(map(len, audios)), packet):
+        for sid, audio in zip(sids, audios):
+            if at < len(audio):
+                engine.push_audio(sid, audio[at : at + packet])
+    for sid in sids:
+        engine.finalize(sid)
+    return [np.concatenate([r.speakers for r in collect_until_final(engine, sid) if r.speakers is not None])
+            for sid in sids]
+
+
 def varied_audios(wavs: dict[str, np.ndarray], n: int) -> list[np.ndarray]:
     """n distinct signals cut from the fixture wavs (different offsets, lengths and gains)."""
     base = list(wavs.values())

@@ -7,7 +7,8 @@ scripts/gpu_check.sh runs first on a new GPU machine.
 - graphs are all captured before serving: 32 mixed-mode streams pushed from threads, no inference_error;
 - a steady-state step syncs the host only to fetch its tokens;
 - float16 / bfloat16 activations finite in every layer; float32 without TF32, token-exact with CPU;
-- every stage thread on the engine's device; each stage's graphs captured on its own stream.
+- every stage thread on the engine's device; each stage's graphs captured on its own stream;
+- the diarizer's rounds from CUDA graphs give the eager diarizer's speaker decisions.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import copy
 import threading
 import warnings
 
+import numpy as np
 import pytest
 import torch
-from helpers import collect_until_final, run_stream, tokens_of, varied_audios
+from conftest import NEMO
+from helpers import collect_until_final, diarized_speakers, run_stream, tokens_of, varied_audios
 from static_checks import check_decoder, check_encoder, runner_on
 
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.model.precision import set_precision
+from parakeet_stream.model.sortformer import Sortformer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -203,3 +207,28 @@ def test_a_steps_marks_name_the_first_operation_the_gpu_has_not_finished():
     assert device_at(step) == "encode (70, 1) x 40"
     torch.cuda.synchronize()
     assert device_at(step) is None
+
+
+def test_diarizer_graphs_give_the_eager_speaker_decisions(eou_model, wavs):
+    """Three diarized streams in steps of sizes 1, 2, 4 (a padding row): each round replayed from a graph
+    captured on the decode stage's stream (its thread runs the diarizer), counted in the start-up's
+    graphs; every frame's speaker decisions as the eager diarizer's."""
+    sortformer = Sortformer.from_nemo(NEMO / "sortformer_tiny.nemo")
+    audios = varied_audios(wavs, 3)
+
+    def speakers(graphs: bool) -> list[np.ndarray]:
+        with ASREngine(on_cuda(eou_model), "cuda", max_num_streams=4, max_batch=4, cuda_graphs=graphs,
+                       diarizer=copy.deepcopy(sortformer)) as engine:
+            out = diarized_speakers(engine, audios)
+            static = engine.diarizer.static
+            if graphs:
+                assert static.stream is engine.runner.cuda_streams.stream("decode")
+                assert len(static._graphs) == len(static.sizes) == 3 and static.replays > 0 and static.eager_calls == 0
+                assert engine.info.cuda_graphs == engine.runner.graph_count + 3
+            else:
+                assert static is None and engine.info.cuda_graphs == 0
+        return out
+
+    for a, b in zip(speakers(True), speakers(False)):
+        assert a.shape == b.shape and len(a) > 20 and np.abs(a - b).max() < 1e-3
+        assert np.array_equal(a > 0.5, b > 0.5)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import Raw, audio_messages, collect_until_final, metric, pcm16_exact, refused_handshake, running_server, tokens_of, url
+from helpers import Raw, audio_messages, collect_until_final, diarized_speakers, metric, pcm16_exact, refused_handshake, running_server, tokens_of, url
 
 from demo_model.conversations import FRAME, HOP, activity
 from demo_model.speech import synth
@@ -111,14 +111,7 @@ def test_speaker_probabilities_equal_the_offline_run_and_cover_each_result(engin
 def test_streams_batched_give_what_each_gives_alone(engine, voices, dialogue):
     audios = [dialogue, voices[2], np.concatenate([voices[2], voices[0]])]
     alone = [speakers_of(run(engine, a, diarize=True)) for a in audios]
-    sids = [engine.create_stream(diarize=True) for _ in audios]
-    for i in range(0, max(map(len, audios)), PACKET):
-        for sid, a in zip(sids, audios):
-            if i < len(a):
-                engine.push_audio(sid, a[i : i + PACKET])
-    for sid in sids:
-        engine.finalize(sid)
-    together = [speakers_of(collect_until_final(engine, sid)) for sid in sids]
+    together = diarized_speakers(engine, audios, PACKET)
     for a, b in zip(alone, together):
         assert a.shape == b.shape and np.abs(a - b).max() < 1e-4
 
@@ -127,7 +120,7 @@ def test_a_stream_without_diarization_gets_the_same_tokens_and_runs_no_diarizer(
                                                                                monkeypatch):
     steps = []
     step = engine.diarizer.sortformer.step
-    monkeypatch.setattr(engine.diarizer.sortformer, "step", lambda *a: steps.append(1) or step(*a))
+    monkeypatch.setattr(engine.diarizer.sortformer, "step", lambda *a, **k: steps.append(1) or step(*a, **k))
     results = run(engine, dialogue, diarize=False)
     assert not steps and all(r.speakers is None for r in results)
     assert tokens_of(results) == tokens_of(run(plain_engine, dialogue, diarize=False)) and tokens_of(results)

@@ -57,16 +57,21 @@ def build(config: EngineConfig) -> EngineParts:
     device = model.features.fb.device
     modes = ServedModes(model, config.modes, config.lookahead)
     sortformer = _sortformer(config.diarizer, device)
-    slots, max_batch = _slots(config, model, device, Diarizer.slot_bytes(sortformer) if sortformer else 0)
+    slots, max_batch = _slots(config, model, device, sortformer)
     scheduler = Scheduler(slots, config.max_queue, config.latency_target, SAMPLE_RATE, max_batch,
                           max_in_flight=DEPTH, lead=modes.first_chunk_seconds())
     lap("memory")
     runner = ModelRunner(model, scheduler.max_num_streams, scheduler.max_batch, config.cuda_graphs, modes.default,
                          modes.served)
+    diarizer = None
+    if sortformer is not None:  # its graphs replay on the decode stage's stream, whose thread runs it (pipeline.route)
+        diarizer = Diarizer(sortformer, scheduler.max_num_streams, max_batch=scheduler.max_batch, graphs=runner.graphs,
+                            lane=runner.lanes.get("decode"))
     lap("pools")
     runner.capture()  # before the stage threads run: a capture must not overlap their work
+    if diarizer is not None:
+        diarizer.capture()
     lap("capture")
-    diarizer = Diarizer(sortformer, scheduler.max_num_streams) if sortformer else None
     runner.keep_samples = diarizer is not None
     tok = model.tokenizer
     endpoint_frames = max(1, round(config.endpoint_seconds / model.frame_seconds))
@@ -84,7 +89,7 @@ def build(config: EngineConfig) -> EngineParts:
         ready_samples={mode: modes.inbox(mode).readiness for mode in modes.served},
         precision=model.precision,
         start_seconds=round(time.monotonic() - started, 2),
-        cuda_graphs=runner.graph_count,
+        cuda_graphs=runner.graph_count + (diarizer.graph_count if diarizer is not None else 0),
         start_phases=lap.seconds,
         languages=languages.names,
         default_language=languages.default,
@@ -103,13 +108,18 @@ def _sortformer(diarizer: str | Path | Sortformer | None, device: torch.device) 
     return load_diarizer(diarizer).to(device)
 
 
-def _slots(config: EngineConfig, model: ParakeetModel, device: torch.device, diarizer_bytes: int) -> tuple[int, int | None]:
+def _slots(config: EngineConfig, model: ParakeetModel, device: torch.device,
+           sortformer: Sortformer | None) -> tuple[int, int | None]:
     """(slots, most streams a step): on CUDA what its free memory holds (memory.py; a diarizer's
-    state pool counts in each slot), on a CPU as asked (`auto`: what the host's memory holds)."""
+    state pool counts in each slot, its round in each stream of a step), on a CPU as asked (`auto`:
+    what the host's memory holds)."""
     most = min(config.auto_limit or MAX_SLOTS, MAX_SLOTS)
     slots = config.max_num_streams
     if device.type == "cuda":
-        plan = plan_memory(free_memory(device), slot_bytes(model) + diarizer_bytes, stream_bytes(model),
+        slot, step = slot_bytes(model), stream_bytes(model)
+        if sortformer is not None:  # one round at a time (the decode thread's), not one per step in flight
+            slot, step = slot + Diarizer.slot_bytes(sortformer), step + -(-Diarizer.row_bytes(sortformer) // DEPTH)
+        plan = plan_memory(free_memory(device), slot, step,
                            None if slots == "auto" else int(slots), config.max_batch, most=most)
         return plan.slots, plan.max_batch
     if slots == "auto":

@@ -7,6 +7,13 @@ hands on each diarized stream's new samples (`Step.diarized`); this stage, after
 are built, frames them and runs every diarizer chunk that has its right context (at a stream's last
 step: every chunk left, the partial last one too), one round of chunks of all such streams at once.
 
+With static batches (the engine's CUDA graphs, runner/cuda_graphs.py) a round's model work replays a
+graph captured at start-up on the decode stage's stream (this stage runs on its thread): the slots'
+state gathered, the subsampling, encoder, Transformer and head over [speaker cache; FIFO; chunk]
+at their widest, the FIFO and cache update, every row's cache compression (kept where it overflowed)
+and the state scattered back; padding rows step a scratch slot past the real ones. The framing
+into mel frames and the choice of each round's chunks stay on the host, eager.
+
 A diarized stream's results are held until the diarizer has covered their audio (`audio_seconds`),
 so each word has its speaker probabilities when a door sees it and its speaker never changes; this
 delays them by the diarizer's chunk and right context. The first result released after new
@@ -16,6 +23,7 @@ diarizer frames carries them (`StreamResult.speakers`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +38,10 @@ from ..model.features import FeatureStream
 from ..model.sortformer import Sortformer, SortformerConfig, StreamingConfig
 from ..model.sortformer_streaming import SortformerState, StreamingSortformer
 from .results import StreamResult
+from .runner.cuda_graphs import StaticBatches, graph_sizes, on_device
 from .step import Step, StepItem
+
+log = logging.getLogger(__name__)
 
 # The model card's live setting (80 ms frames): chunks of 0.48 s seen with 0.56 s of right context.
 LIVE_STREAMING = dict(chunk_len=6, chunk_left_context=1, chunk_right_context=7, fifo_len=188, spkcache_len=188,
@@ -95,20 +106,71 @@ class Track:
 
 
 class Diarizer:
-    def __init__(self, model: Sortformer, slots: int, streaming: StreamingConfig | None = None):
+    def __init__(self, model: Sortformer, slots: int, streaming: StreamingConfig | None = None,
+                 max_batch: int | None = None, graphs: bool = False, lane: dict | None = None):
+        """graphs: a round's model work from static batches of up to `max_batch` rows (CUDA graphs on
+        CUDA, their eager stand-in on CPU); lane: the decode stage's graph memory pool and stream (CUDA)."""
         self.sortformer = StreamingSortformer(model, streaming or live_streaming(model))
         self.features = model.features
-        self.state = self.sortformer.init_state(slots, model.features.fb.device)
+        self.device = model.features.fb.device
+        self.state = self.sortformer.init_state(slots + (1 if graphs else 0), self.device)  # and a scratch slot
         self.tracks: list[Track | None] = [None] * slots
         c, f = self.sortformer.cfg, self.sortformer.factor
         self.chunk, self.left, self.right = c.chunk_len * f, c.chunk_left_context * f, c.chunk_right_context * f
+        self.width = self.left + self.chunk + self.right  # a round's mel frames per row: the widest chunk
         self.frame_seconds = f * model.cfg.features.hop_length / model.cfg.features.sample_rate
         self.speakers = model.cfg.n_spk
+        self.static = None
+        if graphs:  # few streams ask for speakers: powers of two, as the recogniser's rarer batches
+            self.static = StaticBatches("diarize", self.step_rows, self._inputs, (None, 0, 0, 0, slots), max_batch,
+                                        self.device.type == "cuda", sizes=graph_sizes(max_batch, dense=max_batch),
+                                        **(lane or {}))
+
+    def capture(self) -> None:
+        """Every graph, before the stage threads start (as ModelRunner.capture)."""
+        if self.static is not None:
+            with torch.inference_mode(), on_device(self.device):
+                self.static.capture()
+            if self.static.graphs:
+                log.info("captured %d diarizer graphs in %.1f s", self.graph_count, self.static.capture_seconds)
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.static.sizes) if self.static is not None and self.static.graphs else 0
+
+    def _inputs(self, n: int) -> tuple[torch.Tensor, ...]:
+        counts = torch.zeros(n, dtype=torch.long, device=self.device)
+        feats = self.state.fifo.new_zeros(n, self.width, self.features.cfg.n_mels)
+        return feats, counts, counts.clone(), counts.clone(), counts.clone()
+
+    def step_rows(self, feats, lengths, left, right, rows, fixed: bool = False) -> torch.Tensor:
+        """One chunk of the streams at state rows `rows` (sortformer_streaming's `step`), their state
+        stepped in the pool; their chunk's probabilities [B, frames, speakers]."""
+        state = self.state.select(rows)
+        probs, _ = self.sortformer.step(state, feats, lengths, left, right, fixed=fixed)
+        self.state.put(rows, state)
+        return probs
 
     @staticmethod
     def slot_bytes(model: Sortformer, streaming: StreamingConfig | None = None) -> int:
         """A slot's row of the state pool (its host Track is a few chunks of mel frames more)."""
         return SortformerState.zeros(model, streaming or live_streaming(model), 1).nbytes_per_row()
+
+    @staticmethod
+    @torch.inference_mode()
+    def row_bytes(model: Sortformer, probe: int = 8) -> int:
+        """Peak device bytes per row of a round at its widest (CUDA): its static inputs and what a graph
+        of it holds in its memory pool for good, or an eager round for its time; measured on a probe batch."""
+        diarizer = Diarizer(model, probe)
+        device, rows = diarizer.device, torch.arange(probe, device=diarizer.device)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        feats = diarizer._inputs(probe)[0]
+        full = [torch.full_like(rows, n) for n in (diarizer.width, diarizer.left, diarizer.right)]
+        diarizer.step_rows(feats, *full, rows, fixed=True)
+        torch.cuda.synchronize(device)
+        return -(-(torch.cuda.max_memory_allocated(device) - base) // probe)
 
     def run(self, step: Step) -> None:
         if not step.diarized:
@@ -167,23 +229,20 @@ class Diarizer:
         ready = [(k, chunk) for k, track in enumerate(tracks) if (chunk := self._next_chunk(track)) is not None]
         if not ready:
             return False
-        width = max(end - first for _, (first, end, _, _) in ready)
-        feats = self.state.fifo.new_zeros(len(ready), width, self.features.cfg.n_mels)
+        feats = self.state.fifo.new_zeros(len(ready), self.width, self.features.cfg.n_mels)
         for row, (k, (first, end, _, right)) in enumerate(ready):
             track = tracks[k]
             feats[row, : end - first] = track.mel[first - track.mel_at : end - track.mel_at]
             track.start = end - right
             keep_from = max(0, track.start - self.left)  # the next chunk's left context on
             track.mel, track.mel_at = track.mel[keep_from - track.mel_at :], keep_from
-        device = feats.device
-        lengths = torch.tensor([end - first for _, (first, end, _, _) in ready], device=device)
-        left = torch.tensor([chunk[2] for _, chunk in ready], device=device)
-        right = torch.tensor([chunk[3] for _, chunk in ready], device=device)
-        rows = torch.tensor([slots[k] for k, _ in ready], device=device)
-        state = self.state.select(rows)
-        probs, valid = self.sortformer.step(state, feats, lengths, left, right)
-        self.state.put(rows, state)
-        probs, valid = probs.float().cpu().numpy(), valid.tolist()
+        lengths = torch.tensor([end - first for _, (first, end, _, _) in ready])
+        left = torch.tensor([chunk[2] for _, chunk in ready])
+        right = torch.tensor([chunk[3] for _, chunk in ready])
+        rows = torch.tensor([slots[k] for k, _ in ready])
+        valid = self.sortformer.own_frames(lengths, left, right).tolist()  # a static batch returns the probabilities only
+        run = self.static or self.step_rows
+        probs = run(feats, *(t.to(self.device) for t in (lengths, left, right, rows))).float().cpu().numpy()
         for row, (k, _) in enumerate(ready):
             tracks[k].probs.append(probs[row, : valid[row]])
             tracks[k].frames += valid[row]

@@ -116,6 +116,12 @@ class Subsampling(nn.Module):
             freq = (freq - 1) // 2 + 1
         self.out = nn.Linear(channels * freq, d_model)
 
+    def out_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """The valid frames `forward` gives for `lengths` valid input frames."""
+        for _ in range(self.stages):
+            lengths = (lengths - 1).div(2, rounding_mode="floor") + 1
+        return lengths
+
     def forward(self, x: torch.Tensor, lengths: torch.Tensor):
         """x [B, T, feat_in], lengths [B] -> (y [B, T', d_model], lengths [B])."""
         x = x.unsqueeze(1)

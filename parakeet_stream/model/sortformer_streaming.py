@@ -9,6 +9,10 @@ spkcache_update_period of them) move to the speaker cache, their silent frames u
 silence embedding, and a cache grown past spkcache_len is compressed back to it: per speaker its
 most confidently single-speaker frames, then spkcache_sil_frames_per_spk silence frames.
 
+With `fixed=True` a step's shapes depend on its inputs' shapes only, never on their values (what
+a CUDA graph needs, engine/diarizer.py): the widths are the most the chunk can take, and every
+stream's cache is compressed, kept only where it overflowed.
+
 `sync_first_compress=True` reproduces NeMo's synchronous `streaming_update` instead (its default
 when async_streaming is off): the first compression of a stream's cache scores its older frames
 with this step's predictions rather than those they had when they left the FIFO.
@@ -98,40 +102,51 @@ class StreamingSortformer:
             yield start - left, end + right, left, right
             start = end
 
-    @torch.no_grad()
-    def step(self, state: SortformerState, feats: torch.Tensor, lengths: torch.Tensor,
-             left: torch.Tensor, right: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One chunk per stream: feats [B, T, n_mels] with `lengths` valid mel frames, of which
-        left / right [B] are context (mel frames; a stream with no chunk this step: length 0).
-        Updates `state` in place; returns (probs [B, chunk_len, n_spk], valid frames [B])."""
+    def own_frames(self, lengths: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+        """The pre-encoded frames of each chunk's own (those `step` returns), from its mel frames
+        `lengths` of which left / right are context."""
         f = self.factor
-        emb, emb_len = self.model.encoder.pre_encode(feats, lengths)
         lc = torch.round(left / f).long()  # round half to even, as Python's round
         rc = torch.div(right + f - 1, f, rounding_mode="floor").long()
-        n = (emb_len - lc - rc).clamp(min=0)
+        return (self.model.encoder.pre_encode.out_lengths(lengths) - lc - rc).clamp(min=0)
+
+    @torch.no_grad()
+    def step(self, state: SortformerState, feats: torch.Tensor, lengths: torch.Tensor,
+             left: torch.Tensor, right: torch.Tensor, fixed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chunk per stream: feats [B, T, n_mels] with `lengths` valid mel frames, of which
+        left / right [B] are context (mel frames; a stream with no chunk this step: length 0).
+        Updates `state` in place; returns (probs [B, frames, n_spk], valid frames [B]): frames the
+        most valid ones, or with `fixed` the most T mel frames can give."""
+        emb, emb_len = self.model.encoder.pre_encode(feats, lengths)
+        lc = torch.round(left / self.factor).long()
+        n = self.own_frames(lengths, left, right)
         ls, lf = state.spkcache_lengths, state.fifo_lengths
         S, Fl = state.spkcache.size(1), state.fifo.size(1)
+        most = emb.size(1) if fixed else None  # own frames at most
 
         # [spkcache; fifo; chunk] packed per stream
         total = ls + lf + emb_len
-        p = torch.arange(int(total.max()), device=feats.device).unsqueeze(0)
+        p = torch.arange(S + Fl + most if fixed else int(total.max()), device=feats.device).unsqueeze(0)
         src = torch.where(p < ls[:, None], p, torch.where(p < (ls + lf)[:, None], S + p - ls[:, None], S + Fl + p - (ls + lf)[:, None]))
         packed = _gather(torch.cat((state.spkcache, state.fifo, emb), 1), src, length_mask(total, p.size(1)))
         preds = self.model.speaker_probs(packed, total)
 
         # the chunk's own frames
-        q = torch.arange(max(int(n.max()), 0), device=feats.device).unsqueeze(0)
+        q = torch.arange(most if fixed else max(int(n.max()), 0), device=feats.device).unsqueeze(0)
         chunk_preds = _gather(preds, (ls + lf + lc)[:, None] + q, q < n[:, None])
-        self._update(state, emb, preds, lc, n)
+        self._update(state, emb, preds, lc, n, most)
         return chunk_preds, n
 
-    def _update(self, state: SortformerState, emb, preds, lc, n) -> None:
+    def _update(self, state: SortformerState, emb, preds, lc, n, most: int | None = None) -> None:
+        """`most`: the most own frames a chunk has (fixed shapes), None: as many as this step's have."""
         c = self.cfg
         ls, lf = state.spkcache_lengths, state.fifo_lengths
         S, Fl = state.spkcache.size(1), state.fifo.size(1)
+        fixed = most is not None
+        most = most if fixed else max(int(n.max()), 0)
         # FIFO with the chunk appended: positions < lf from the FIFO, then the chunk's frames after its left context
         grown = lf + n
-        p = torch.arange(Fl + max(int(n.max()), 0), device=emb.device).unsqueeze(0)
+        p = torch.arange(Fl + most, device=emb.device).unsqueeze(0)
         is_fifo = p < lf[:, None]
         ok = p < grown[:, None]
         fifo = torch.where(is_fifo.unsqueeze(-1), _gather(state.fifo, p, ok), _gather(emb, lc[:, None] + p - lf[:, None], ok))
@@ -144,8 +159,12 @@ class StreamingSortformer:
 
         # the speaker cache with the popped frames appended
         new_len = ls + pop
-        # NeMo's working width (its topk breaks ties by position), or more for a chunk past chunk_len
-        width = max(S + min(max(c.spkcache_update_period, c.chunk_len), c.chunk_len + c.fifo_len), int(new_len.max()))
+        # NeMo's working width (its topk breaks ties by position), or more for a chunk past chunk_len;
+        # fixed: what new_len can reach (pop <= max(update period, n) as lf <= Fl), which is NeMo's
+        # width where the update period is at least the chunk's pre-encoded frames (the live setting:
+        # 144 and 14). Where it is not, equal scores in _compress may keep other frames than eagerly.
+        nemo = S + min(max(c.spkcache_update_period, c.chunk_len), c.chunk_len + c.fifo_len)
+        width = max(nemo, S + max(c.spkcache_update_period, most) if fixed else int(new_len.max()))
         k = torch.arange(width, device=emb.device).unsqueeze(0)
         in_cache = k < ls[:, None]
         ok = k < new_len[:, None]
@@ -165,7 +184,11 @@ class StreamingSortformer:
 
         full = new_len > S
         state.spkcache, state.spkcache_preds = cache[:, :S].clone(), cache_preds[:, :S].clone()
-        if bool(full.any()):
+        if fixed:  # every row compressed, kept where its cache overflowed: no data-dependent rows
+            kept, kept_preds = self._compress(cache, cache_preds, state.mean_sil_emb)
+            state.spkcache = torch.where(full[:, None, None], kept, state.spkcache)
+            state.spkcache_preds = torch.where(full[:, None, None], kept_preds, state.spkcache_preds)
+        elif bool(full.any()):
             rows = full.nonzero().squeeze(1)
             state.spkcache[rows], state.spkcache_preds[rows] = self._compress(cache[rows], cache_preds[rows], state.mean_sil_emb[rows])
         state.spkcache_lengths = new_len.clamp(max=S)
@@ -188,10 +211,10 @@ class StreamingSortformer:
         log_not = torch.log((1.0 - preds).clamp(min=thr))
         scores = log_p - log_not + log_not.sum(-1, keepdim=True) - math.log(0.5)
         speech = preds > 0.5
-        scores = torch.where(speech, scores, torch.tensor(float("-inf"), device=preds.device))
+        scores = scores.masked_fill(~speech, float("-inf"))  # a fill, not a host tensor copied in: capturable
         pos = scores > 0
         drop = ~pos & speech & (pos.sum(1, keepdim=True) >= min_pos)
-        return torch.where(drop, torch.tensor(float("-inf"), device=preds.device), scores)
+        return scores.masked_fill(drop, float("-inf"))
 
     @staticmethod
     def _boost(scores: torch.Tensor, k: int, scale: float) -> torch.Tensor:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -36,6 +37,11 @@ import torch
 from ...model.device import next_size
 
 log = logging.getLogger(__name__)
+
+
+def on_device(device: torch.device):
+    """The device as CUDA's current one (what the graphs capture on); nothing on CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 def graph_sizes(max_batch: int, dense: int = 64) -> list[int]:

@@ -14,7 +14,6 @@ at start-up (cuda_graphs.py), and the host never waits for the device but for a 
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from functools import partial
 from operator import attrgetter
 
@@ -26,7 +25,7 @@ from ...model.device import device_index
 from ...model.parakeet import ParakeetModel
 from ..inbox import take_step_samples
 from ..step import Step
-from .cuda_graphs import StaticBatches, graph_sizes
+from .cuda_graphs import StaticBatches, graph_sizes, on_device
 from .cuda_streams import StageStreams
 from .pre_encoder import PreEncoder
 from .step_decoder import StepDecoder
@@ -59,6 +58,7 @@ class ModelRunner:
         self.encoders: dict[Lookahead, StaticBatches] = {}
         self.decoders: dict[Lookahead, StaticBatches] = {}
         self.beam_decoders: dict[Lookahead, StaticBatches] = {}  # the streams with phrases
+        self.lanes: dict[str, dict] = {}  # CUDA: each stage's graph memory pool and stream
         self.pre_encoder = PreEncoder(model, slots, max_batch, self.cuda_streams, self.pre_encoders)
         self.step_decoder = StepDecoder(model, rows, self.cuda_streams, self.decoders, self.beam_decoders)
         decoding = self.step_decoder
@@ -73,7 +73,7 @@ class ModelRunner:
 
     def capture(self) -> None:
         """Capture every CUDA graph (every mode, every size), before the stage threads start."""
-        with torch.inference_mode(), _on(self.device):
+        with torch.inference_mode(), on_device(self.device):
             for static in self.static_batches:
                 static.capture()
         if self.graphs:
@@ -125,8 +125,8 @@ class ModelRunner:
         stage are captured on its stream and share one memory pool (a stage's replays never overlap: they run
         on its one stream; cuda_graphs.py says why the stream matters)."""
         cuda = self.device.type == "cuda"
-        lanes = {stage: {"pool": torch.cuda.graph_pool_handle(), "stream": self.cuda_streams.stream(stage)} if cuda else {}
-                 for stage in STAGES}
+        lanes = self.lanes = {stage: {"pool": torch.cuda.graph_pool_handle(), "stream": self.cuda_streams.stream(stage)}
+                              if cuda else {} for stage in STAGES}
         d, scratch, n_mels = self.model.cfg.encoder.d_model, self.slots, self.model.cfg.features.n_mels
         # Fine sizes for the plain batches of the main mode (most streams); the other modes' batches and
         # those with key phrases (the few) pad to powers of two: a third of the graphs to capture.
@@ -162,8 +162,3 @@ class ModelRunner:
             self.beam_decoders[mode] = StaticBatches(f"decode+phrases {mode}", decoding.beam,
                                                      partial(inputs, dtype=torch.float32), padding,
                                                      self.max_batch, cuda, sizes=coarse, **lanes["decode"])
-
-
-def _on(device: torch.device):
-    """The device as CUDA's current one (what the graphs capture on); nothing on CPU."""
-    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
