@@ -51,14 +51,21 @@ def log(msg: str) -> None:
 
 
 def pools(out: Path, args) -> tuple[Conversations, Conversations]:
-    got = []
-    for split, voices, seed in (("train", args.voices, 1), ("test", 24, 2)):
-        path = out / f"pool_{split}.npz"
-        if not path.exists():
-            log(f"rendering {split} voices ({voices} x {args.per_voice} sentences)")
-            save_pool(path, render_pool(split, voices, args.per_voice, seed, args.jobs))
-        got.append(Conversations(load_pool(path), SPEAKERS))
-    return got[0], got[1]
+    train = pool(out / "pool_train.npz", "train", args.voices, 1, args.per_voice, args.jobs)
+    return Conversations(train, SPEAKERS), Conversations(test_pool(out, args.per_voice, args.jobs), SPEAKERS)
+
+
+def test_pool(out: Path, per_voice: int = 6, jobs: int = 1) -> list:
+    """The held-out voices' utterances (24 voices), rendered into `out` the first time."""
+    return pool(out / "pool_test.npz", "test", 24, 2, per_voice, jobs)
+
+
+def pool(path: Path, split: str, voices: int, seed: int, per_voice: int, jobs: int) -> list:
+    if not path.exists():
+        log(f"rendering {split} voices ({voices} x {per_voice} sentences)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_pool(path, render_pool(split, voices, per_voice, seed, jobs))
+    return load_pool(path)
 
 
 def batch(model: Sortformer, convs: Conversations, rng: random.Random, size: int):

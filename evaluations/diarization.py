@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Who spoke each word: a diarizer's error rate and its words' speakers, streamed through the engine.
 
-    python -m demo_model.train_diarizer          # the demo diarizer (renders its held-out voices too)
-    python -m evaluations.diarization --diarizer weights/demo-diarizer --pool results/diarizer/pool_test.npz
+    python -m evaluations.diarization                  # the bundled diarizer; renders the held-out voices once
+    python -m evaluations.diarization --diarizer sortformer --model small     # NVIDIA's (downloads them)
 
 Two-voice conversations of voices the demo diarizer never trained on (turns with pauses, no
 overlap, so that every word has one speaker), then three-voice ones, each streamed in 160 ms packets
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from demo_model.conversations import FRAME, Conversations, load_pool
-from demo_model.train_diarizer import der
+from demo_model.conversations import FRAME, Conversations
+from demo_model.train_diarizer import der, test_pool
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.server.streams.speakers import SpeakerTimeline
 from parakeet_stream.server.streams.words import WordTracker
@@ -83,11 +83,12 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="demo")
     ap.add_argument("--diarizer", default=str(ROOT / "weights" / "demo-diarizer"))
-    ap.add_argument("--pool", type=Path, default=ROOT / "results" / "diarizer" / "pool_test.npz",
-                    help="held-out voices' utterances (python -m demo_model.train_diarizer renders them)")
+    ap.add_argument("--pool", type=Path, default=ROOT / "results" / "diarizer",
+                    help="where the held-out voices' utterances are (rendered there the first time, as the demo "
+                         "diarizer's training does)")
     ap.add_argument("--conversations", type=int, default=20)
     args = ap.parse_args(argv)
-    convs = Conversations(load_pool(args.pool), max_speakers=4, seconds=20.0)
+    convs = Conversations(test_pool(args.pool), max_speakers=4, seconds=20.0)
     with ASREngine(args.model, diarizer=args.diarizer, max_num_streams=4) as engine:
         start = time.monotonic()
         out = {f"{k}_voices": evaluate(engine, convs, args.conversations, k, seed=k) for k in (2, 3)}

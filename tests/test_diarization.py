@@ -21,7 +21,7 @@ from demo_model.conversations import FRAME, HOP, activity
 from demo_model.speech import synth
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine, EngineError
-from parakeet_stream.engine.diarizer import live_streaming
+from parakeet_stream.engine.diarizer import TOKEN_LAG_FRAMES, live_streaming
 from parakeet_stream.model.sortformer import Sortformer
 from parakeet_stream.model.sortformer_streaming import StreamingSortformer, stream_features
 from parakeet_stream.server.streams.speakers import SpeakerTimeline
@@ -100,11 +100,14 @@ def test_speaker_probabilities_equal_the_offline_run_and_cover_each_result(engin
     results = run(engine, dialogue, diarize=True)
     got, want = speakers_of(results), offline(sortformer, dialogue)
     assert got.shape == want.shape and np.abs(got - want).max() < 1e-4
-    covered = 0
-    frame = engine.info.speaker_frame_seconds
-    for r in results:  # each result waits until the diarizer heard its audio (the recogniser's padding past its end too)
+    covered, early = 0, 0
+    frame, lag = engine.info.speaker_frame_seconds, TOKEN_LAG_FRAMES * engine.info.frame_seconds
+    for r in results:  # each result waits until the diarizer heard its words' audio (the recogniser's padding past its end too)
         covered += 0 if r.speakers is None else len(r.speakers)
-        assert min(r.audio_seconds, len(got) * frame) <= covered * frame + 1e-6
+        assert min(r.audio_seconds - lag, len(got) * frame) <= covered * frame + 1e-6
+        # out before the diarizer reached the tokens' times (not the stream's end, where everything goes)
+        early += covered * frame + 1e-6 < r.audio_seconds < len(got) * frame
+    assert early  # no later than the words' audio needs
     assert engine.info.speakers == sortformer.cfg.n_spk
 
 

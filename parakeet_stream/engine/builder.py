@@ -18,7 +18,7 @@ from ..model.parakeet import ParakeetModel
 from ..model.sortformer import Sortformer
 from ..model.precision import check_precision, set_precision
 from .config import EngineConfig
-from .diarizer import Diarizer, load_diarizer
+from .diarizer import TOKEN_LAG_FRAMES, Diarizer, load_diarizer
 from .info import EngineInfo
 from .languages import Languages
 from .memory import MAX_SLOTS, plan_memory, slot_bytes, stream_bytes
@@ -66,7 +66,7 @@ def build(config: EngineConfig) -> EngineParts:
     diarizer = None
     if sortformer is not None:  # its graphs replay on the decode stage's stream, whose thread runs it (pipeline.route)
         diarizer = Diarizer(sortformer, scheduler.max_num_streams, max_batch=scheduler.max_batch, graphs=runner.graphs,
-                            lane=runner.lanes.get("decode"))
+                            lane=runner.lanes.get("decode"), token_lag=TOKEN_LAG_FRAMES * model.frame_seconds)
     lap("pools")
     runner.capture()  # before the stage threads run: a capture must not overlap their work
     if diarizer is not None:

@@ -14,9 +14,11 @@ at their widest, the FIFO and cache update, every row's cache compression (kept 
 and the state scattered back; padding rows step a scratch slot past the real ones. The framing
 into mel frames and the choice of each round's chunks stay on the host, eager.
 
-A diarized stream's results are held until the diarizer has covered their audio (`audio_seconds`),
-so each word has its speaker probabilities when a door sees it and its speaker never changes; this
-delays them by the diarizer's chunk and right context. The first result released after new
+A diarized stream's results are held until the diarizer has covered their words' audio, so each
+word has its speaker probabilities when a door sees it and its speaker never changes; this delays
+them by the diarizer's chunk and right context. A word's audio ends about TOKEN_LAG_FRAMES
+recogniser frames before the result's `audio_seconds` (a token comes once its sound is heard), so
+a result goes out once the diarizer covered its audio but that lag. The first result released after new
 diarizer frames carries them (`StreamResult.speakers`).
 """
 
@@ -42,6 +44,10 @@ from .runner.cuda_graphs import StaticBatches, graph_sizes, on_device
 from .step import Step, StepItem
 
 log = logging.getLogger(__name__)
+
+# Recogniser frames between a word's audio and its tokens' times (the demo recogniser's first word
+# of a turn starts about 3 frames after the voice does, its last word ends about 2 after it stops).
+TOKEN_LAG_FRAMES = 2
 
 # The model card's live setting (80 ms frames): chunks of 0.48 s seen with 0.56 s of right context.
 LIVE_STREAMING = dict(chunk_len=6, chunk_left_context=1, chunk_right_context=7, fifo_len=188, spkcache_len=188,
@@ -107,9 +113,11 @@ class Track:
 
 class Diarizer:
     def __init__(self, model: Sortformer, slots: int, streaming: StreamingConfig | None = None,
-                 max_batch: int | None = None, graphs: bool = False, lane: dict | None = None):
+                 max_batch: int | None = None, graphs: bool = False, lane: dict | None = None, token_lag: float = 0.0):
         """graphs: a round's model work from static batches of up to `max_batch` rows (CUDA graphs on
-        CUDA, their eager stand-in on CPU); lane: the decode stage's graph memory pool and stream (CUDA)."""
+        CUDA, their eager stand-in on CPU); lane: the decode stage's graph memory pool and stream (CUDA);
+        token_lag: seconds from a word's audio to its tokens' times (the recogniser's TOKEN_LAG_FRAMES)."""
+        self.token_lag = token_lag
         self.sortformer = StreamingSortformer(model, streaming or live_streaming(model))
         self.features = model.features
         self.device = model.features.fb.device
@@ -263,7 +271,7 @@ class Diarizer:
         step.results = kept
 
     def _release(self, track: Track, everything: bool) -> list[StreamResult]:
-        covered = track.frames * self.frame_seconds + 1e-9
+        covered = track.frames * self.frame_seconds + self.token_lag + 1e-9
         n = len(track.held) if everything else next(
             (i for i, r in enumerate(track.held) if r.audio_seconds > covered), len(track.held))
         out, track.held = track.held[:n], track.held[n:]

@@ -7,7 +7,7 @@ confidence is that speaker's mean probability over those frames. A word's times 
 frames, and the recogniser emits a token once it has heard it: about two of its frames after the
 audio (TOKEN_LAG_FRAMES), so the word's audio is its times moved that much earlier. Without that, a
 turn's last word would be judged by the pause after it and the next speaker's first sounds. The
-engine sends a segment's results only once the diarizer has covered their audio, so a word's
+engine sends a segment's results only once the diarizer has covered their words' audio, so a word's
 speaker is known when it completes and never changes.
 """
 from __future__ import annotations
@@ -19,14 +19,11 @@ import numpy as np
 
 from ...engine import EngineError
 from ...engine.asr_engine import check_diarize
+from ...engine.diarizer import TOKEN_LAG_FRAMES
 from ..transport.codes import ProtocolError
 
 if TYPE_CHECKING:
     from ...engine import EngineInfo, StreamResult
-
-# Recogniser frames between a word's audio and its tokens' times (the demo recogniser's first word
-# of a turn starts about 3 frames after the voice does, its last word ends about 2 after it stops).
-TOKEN_LAG_FRAMES = 2
 
 
 def checked_speakers(info: EngineInfo, diarize: bool, max_speakers: int | None, field: str = "max_speakers") -> int:
