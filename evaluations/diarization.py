@@ -26,6 +26,7 @@ import numpy as np
 from demo_model.conversations import FRAME, Conversations
 from demo_model.train_diarizer import der, test_pool
 from parakeet_stream.engine import ASREngine
+from parakeet_stream.engine.diarizer import DEFAULT_LATENCY, LATENCIES
 from parakeet_stream.server.streams.speakers import SpeakerTimeline
 from parakeet_stream.server.streams.words import WordTracker
 
@@ -87,9 +88,10 @@ def main(argv=None) -> None:
                     help="where the held-out voices' utterances are (rendered there the first time, as the demo "
                          "diarizer's training does)")
     ap.add_argument("--conversations", type=int, default=20)
+    ap.add_argument("--diarizer-latency", type=float, choices=sorted(LATENCIES), default=DEFAULT_LATENCY)
     args = ap.parse_args(argv)
     convs = Conversations(test_pool(args.pool), max_speakers=4, seconds=20.0)
-    with ASREngine(args.model, diarizer=args.diarizer, max_num_streams=4) as engine:
+    with ASREngine(args.model, diarizer=args.diarizer, diarizer_latency=args.diarizer_latency, max_num_streams=4) as engine:
         start = time.monotonic()
         out = {f"{k}_voices": evaluate(engine, convs, args.conversations, k, seed=k) for k in (2, 3)}
         totals = engine.step_totals()

@@ -305,6 +305,8 @@ def test_a_port_out_of_range_is_refused_in_one_line(flag, value, capsys):
     ("parakeet_stream.server.cli", ["--port", "abc"], "parakeet-serve: error: argument --port: 'abc' is not a port number"),
     ("parakeet_stream.server.cli", ["--dtype", "float64"], "parakeet-serve: error: argument --dtype: invalid choice: "
                                                            "'float64' (choose from 'auto', 'float32', 'bfloat16', 'float16')"),
+    ("parakeet_stream.server.cli", ["--diarizer-latency", "0.5"], "parakeet-serve: error: argument --diarizer-latency: "
+                                                                   "invalid choice: 0.5 (choose from 0.32, 1.04)"),
     ("parakeet_stream.server.cli", ["--lookahead", "99"],
      "parakeet-serve: error: argument --lookahead/--att-context-size: expected 'L,R' such as 70,1, got '99'"),
     ("parakeet_stream.tools.transcribe", [], "parakeet-transcribe: error: the following arguments are required: FILE"),

@@ -21,7 +21,7 @@ from demo_model.conversations import FRAME, HOP, activity
 from demo_model.speech import synth
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine, EngineError
-from parakeet_stream.engine.diarizer import TOKEN_LAG_FRAMES, live_streaming
+from parakeet_stream.engine.diarizer import DEFAULT_LATENCY, TOKEN_LAG_FRAMES, live_streaming
 from parakeet_stream.model.sortformer import Sortformer
 from parakeet_stream.model.sortformer_streaming import StreamingSortformer, stream_features
 from parakeet_stream.server.streams.speakers import SpeakerTimeline
@@ -65,11 +65,11 @@ def plain_engine():
         yield e
 
 
-def offline(sortformer: Sortformer, samples: np.ndarray) -> np.ndarray:
+def offline(sortformer: Sortformer, samples: np.ndarray, latency: float = DEFAULT_LATENCY) -> np.ndarray:
     """The diarizer over the whole audio at once, as NeMo streams a file: probabilities [frames, speakers]."""
     with torch.no_grad():
         feats = sortformer.features(torch.from_numpy(samples))[0]
-    return stream_features(StreamingSortformer(sortformer, live_streaming(sortformer)), [feats])[0].numpy()
+    return stream_features(StreamingSortformer(sortformer, live_streaming(sortformer, latency)), [feats])[0].numpy()
 
 
 def word_speaker(probs: np.ndarray, start: float, end: float, most: int) -> int:
@@ -96,9 +96,17 @@ def speakers_of(results) -> np.ndarray:
 # -- the engine ---------------------------------------------------------------------------
 
 
-def test_speaker_probabilities_equal_the_offline_run_and_cover_each_result(engine, sortformer, dialogue):
+@pytest.fixture(scope="module")
+def fast_engine(sortformer):
+    with ASREngine("demo", max_num_streams=4, max_queue=4, diarizer=sortformer, diarizer_latency=0.32) as e:
+        yield e
+
+
+@pytest.mark.parametrize("latency", [1.04, 0.32])
+def test_speaker_probabilities_equal_the_offline_run_and_cover_each_result(latency, request, sortformer, dialogue):
+    engine = request.getfixturevalue("engine" if latency == DEFAULT_LATENCY else "fast_engine")
     results = run(engine, dialogue, diarize=True)
-    got, want = speakers_of(results), offline(sortformer, dialogue)
+    got, want = speakers_of(results), offline(sortformer, dialogue, latency)
     assert got.shape == want.shape and np.abs(got - want).max() < 1e-4
     covered, early = 0, 0
     frame, lag = engine.info.speaker_frame_seconds, TOKEN_LAG_FRAMES * engine.info.frame_seconds

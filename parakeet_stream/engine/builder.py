@@ -15,10 +15,10 @@ from ..audio import SAMPLE_RATE
 from ..host import free_memory
 from ..model.loading import load_model
 from ..model.parakeet import ParakeetModel
-from ..model.sortformer import Sortformer
+from ..model.sortformer import Sortformer, StreamingConfig
 from ..model.precision import check_precision, set_precision
 from .config import EngineConfig
-from .diarizer import TOKEN_LAG_FRAMES, Diarizer, load_diarizer
+from .diarizer import TOKEN_LAG_FRAMES, Diarizer, live_streaming, load_diarizer
 from .info import EngineInfo
 from .languages import Languages
 from .memory import MAX_SLOTS, plan_memory, slot_bytes, stream_bytes
@@ -57,7 +57,8 @@ def build(config: EngineConfig) -> EngineParts:
     device = model.features.fb.device
     modes = ServedModes(model, config.modes, config.lookahead)
     sortformer = _sortformer(config.diarizer, device)
-    slots, max_batch = _slots(config, model, device, sortformer)
+    streaming = live_streaming(sortformer, config.diarizer_latency) if sortformer is not None else None
+    slots, max_batch = _slots(config, model, device, sortformer, streaming)
     scheduler = Scheduler(slots, config.max_queue, config.latency_target, SAMPLE_RATE, max_batch,
                           max_in_flight=DEPTH, lead=modes.first_chunk_seconds())
     lap("memory")
@@ -65,8 +66,9 @@ def build(config: EngineConfig) -> EngineParts:
                          modes.served)
     diarizer = None
     if sortformer is not None:  # its graphs replay on the decode stage's stream, whose thread runs it (pipeline.route)
-        diarizer = Diarizer(sortformer, scheduler.max_num_streams, max_batch=scheduler.max_batch, graphs=runner.graphs,
-                            lane=runner.lanes.get("decode"), token_lag=TOKEN_LAG_FRAMES * model.frame_seconds)
+        diarizer = Diarizer(sortformer, scheduler.max_num_streams, streaming,
+                            max_batch=scheduler.max_batch, graphs=runner.graphs, lane=runner.lanes.get("decode"),
+                            token_lag=TOKEN_LAG_FRAMES * model.frame_seconds)
     lap("pools")
     runner.capture()  # before the stage threads run: a capture must not overlap their work
     if diarizer is not None:
@@ -108,8 +110,8 @@ def _sortformer(diarizer: str | Path | Sortformer | None, device: torch.device) 
     return load_diarizer(diarizer).to(device)
 
 
-def _slots(config: EngineConfig, model: ParakeetModel, device: torch.device,
-           sortformer: Sortformer | None) -> tuple[int, int | None]:
+def _slots(config: EngineConfig, model: ParakeetModel, device: torch.device, sortformer: Sortformer | None,
+           streaming: StreamingConfig | None) -> tuple[int, int | None]:
     """(slots, most streams a step): on CUDA what its free memory holds (memory.py; a diarizer's
     state pool counts in each slot, its round in each stream of a step), on a CPU as asked (`auto`:
     what the host's memory holds)."""
@@ -118,7 +120,8 @@ def _slots(config: EngineConfig, model: ParakeetModel, device: torch.device,
     if device.type == "cuda":
         slot, step = slot_bytes(model), stream_bytes(model)
         if sortformer is not None:  # one round at a time (the decode thread's), not one per step in flight
-            slot, step = slot + Diarizer.slot_bytes(sortformer), step + -(-Diarizer.row_bytes(sortformer) // DEPTH)
+            slot = slot + Diarizer.slot_bytes(sortformer, streaming)
+            step = step + -(-Diarizer.row_bytes(sortformer, streaming) // DEPTH)
         plan = plan_memory(free_memory(device), slot, step,
                            None if slots == "auto" else int(slots), config.max_batch, most=most)
         return plan.slots, plan.max_batch

@@ -11,6 +11,7 @@ import torch
 from ..model.config import Lookahead
 from ..model.parakeet import ParakeetModel
 from ..model.sortformer import Sortformer
+from .diarizer import DEFAULT_LATENCY, LATENCIES
 from .latency import DEFAULT_TARGET
 
 
@@ -24,7 +25,8 @@ class EngineConfig:
     mode of the model; graphs are captured for these only, and streams may ask for no other);
     calibrate: measure the step cost when the engine starts, before any client (calibration.py;
     off for a tool that serves files only, which admission does not pace); diarizer: a Streaming
-    Sortformer (.nemo, a folder holding one, or the model) for the streams that ask for speakers."""
+    Sortformer (.nemo, a folder holding one, or the model) for the streams that ask for speakers;
+    diarizer_latency: the audio its chunks wait for, one of diarizer.LATENCIES (seconds)."""
 
     model: str | Path | ParakeetModel = "demo"
     device: str = "cpu"
@@ -42,7 +44,10 @@ class EngineConfig:
     modes: Iterable[Lookahead] | None = None
     calibrate: bool = True
     diarizer: str | Path | Sortformer | None = None
+    diarizer_latency: float = DEFAULT_LATENCY
 
     def __post_init__(self) -> None:
+        if self.diarizer_latency not in LATENCIES:
+            raise ValueError(f"diarizer_latency must be one of {sorted(LATENCIES)} seconds, got {self.diarizer_latency}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")

@@ -49,9 +49,15 @@ log = logging.getLogger(__name__)
 # of a turn starts about 3 frames after the voice does, its last word ends about 2 after it stops).
 TOKEN_LAG_FRAMES = 2
 
-# The model card's live setting (80 ms frames): chunks of 0.48 s seen with 0.56 s of right context.
-LIVE_STREAMING = dict(chunk_len=6, chunk_left_context=1, chunk_right_context=7, fifo_len=188, spkcache_len=188,
-                      spkcache_update_period=144)
+# The model card's live settings (80 ms frames), by the audio a chunk waits for: its frames and its
+# right context. 1.04 s: chunks of 0.48 s seen with 0.56 s after them; 0.32 s: 0.24 s with 0.08 s.
+LATENCIES = {
+    1.04: dict(chunk_len=6, chunk_left_context=1, chunk_right_context=7, fifo_len=188, spkcache_len=188,
+               spkcache_update_period=144),
+    0.32: dict(chunk_len=3, chunk_left_context=1, chunk_right_context=1, fifo_len=188, spkcache_len=188,
+               spkcache_update_period=144),
+}
+DEFAULT_LATENCY = 1.04
 
 
 def diarizer_path(name: str | Path) -> Path:
@@ -89,8 +95,11 @@ def load_diarizer(name: str | Path) -> Sortformer:
     return model
 
 
-def live_streaming(model: Sortformer) -> StreamingConfig:
-    return dataclasses.replace(model.cfg.streaming, **LIVE_STREAMING)
+def live_streaming(model: Sortformer, latency: float = DEFAULT_LATENCY) -> StreamingConfig:
+    """The model's streaming settings for one of LATENCIES (seconds)."""
+    if latency not in LATENCIES:
+        raise ValueError(f"a diarizer latency of {latency:g} s: one of {', '.join(f'{x:g}' for x in sorted(LATENCIES))}")
+    return dataclasses.replace(model.cfg.streaming, **LATENCIES[latency])
 
 
 @dataclass
@@ -166,10 +175,10 @@ class Diarizer:
 
     @staticmethod
     @torch.inference_mode()
-    def row_bytes(model: Sortformer, probe: int = 8) -> int:
+    def row_bytes(model: Sortformer, streaming: StreamingConfig | None = None, probe: int = 8) -> int:
         """Peak device bytes per row of a round at its widest (CUDA): its static inputs and what a graph
         of it holds in its memory pool for good, or an eager round for its time; measured on a probe batch."""
-        diarizer = Diarizer(model, probe)
+        diarizer = Diarizer(model, probe, streaming)
         device, rows = diarizer.device, torch.arange(probe, device=diarizer.device)
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)

@@ -13,6 +13,7 @@ import trio
 
 from ..arguments import ArgumentParser
 from ..engine import ASREngine, EngineError
+from ..engine.diarizer import DEFAULT_LATENCY, LATENCIES
 from ..engine.info import EngineInfo
 from ..engine.options import CPU_SLOTS, add_engine_arguments, default_slots, engine_options, whole_number
 from ..host import single_threaded_host
@@ -98,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="speaker diarization for the streams that ask for it: demo (bundled, synthetic voices only), "
                         "a Streaming Sortformer .nemo file (such as NVIDIA's diar_streaming_sortformer_4spk-v2) or a "
                         "folder holding one; off: none (default)")
+    p.add_argument("--diarizer-latency", type=float, choices=sorted(LATENCIES), default=DEFAULT_LATENCY,
+                   help="seconds of audio the diarizer's chunks wait for (NVIDIA's live settings): 1.04 (default) or "
+                        "0.32, sooner at some accuracy; diarized streams' words wait for it")
     p.add_argument("--device", default=AUTO, help="torch device: auto (cuda where torch sees a GPU, else cpu), cpu, "
                                                   "cuda or cuda:N")
     p.add_argument("--max-num-streams", type=_slots,
@@ -301,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             max_queue=args.max_queue,
             auto_limit=auto_limit(config, args.max_queue) if slots == "auto" else None,
             diarizer=diarizer,
+            diarizer_latency=args.diarizer_latency,
             **engine_options(args),
         )
     except (PrecisionError, DeviceError, ModelNotFound, EngineError, ConvertError, UnsupportedModel) as exc:
