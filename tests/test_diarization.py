@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import Raw, audio_messages, collect_until_final, diarized_speakers, metric, pcm16_exact, refused_handshake, running_server, tokens_of, url
+from helpers import Raw, audio_messages, behind_service, collect_until_final, diarized_speakers, metric, pcm16_exact, refused_handshake, running_server, tokens_of, url
 
 from demo_model.conversations import FRAME, HOP, activity
 from demo_model.speech import synth
@@ -201,6 +201,21 @@ async def test_native_words_carry_the_offline_speaker(engine, sortformer, dialog
     assert words and [w["speaker"] for w in words] == [word_speaker(probs, w["start"], w["end"], 4) for w in words]
     assert {w["speaker"] for w in one} == {0}
     assert all("speaker" not in w for w in plain) and [w["word"] for w in plain] == [w["word"] for w in words]
+
+
+async def test_words_through_a_worker_process_carry_the_speakers_they_carry_in_one(engine, dialogue):
+    """A worker reaches the engine process through the engine client: a diarized stream's results,
+    held there for the diarizer, come as News with their speaker probabilities."""
+    async with running_server(engine) as ctx:
+        alone = await native_words(url(ctx, "ws"), dialogue, diarize=True)
+    with behind_service(engine) as client:
+        assert (client.info.speakers, client.info.speaker_frame_seconds) == (engine.info.speakers,
+                                                                              engine.info.speaker_frame_seconds)
+        async with running_server(client) as ctx:
+            remote = await native_words(url(ctx, "ws"), dialogue, diarize=True)
+            plain = await native_words(url(ctx, "ws"), dialogue)
+    assert remote and remote == alone and all("speaker" in w for w in remote)
+    assert [w["word"] for w in plain] == [w["word"] for w in remote] and all("speaker" not in w for w in plain)
 
 
 @pytest.mark.parametrize("start,field", [

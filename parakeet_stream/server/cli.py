@@ -272,9 +272,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.device = resolve_device(args.device)
     diarizer = None if args.diarizer == "off" else args.diarizer
-    if diarizer is not None and args.workers not in (0, "auto"):
-        print("parakeet-serve: error: --diarizer serves in one process: use --workers 0", file=sys.stderr)
-        return 2
     workers = _worker_count(args)
     problem = port_problem(args.host, _ports(args)) or (temp_problem() if workers else None)
     if problem:
@@ -336,9 +333,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _worker_count(args: argparse.Namespace) -> int:
-    """Worker processes: none with a diarizer (it serves in the engine's process)."""
-    if args.diarizer != "off":
-        return 0
     return default_workers(args.device) if args.workers == "auto" else args.workers
 
 

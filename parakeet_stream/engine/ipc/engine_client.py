@@ -119,12 +119,10 @@ class EngineClient:
     # -- streams: ASREngine's API ---------------------------------------------------------
     def create_stream(self, lookahead=None, bulk: bool = False, phrases: tuple[Phrase, ...] = (),
                       language: str | None = None, diarize: bool = False) -> int:
-        if diarize:  # the diarizer serves in one process (parakeet-serve --workers 0)
-            raise EngineError("diarization_unavailable", "speakers are served with --workers 0 only")
         if lookahead is not None:
             lookahead = tuple(lookahead)
         rows = [(p.text, p.weight, p.hint) for p in phrases]
-        answer = self._call(lambda ref: Open(ref, lookahead, bulk, rows, language), OPEN_TIMEOUT)
+        answer = self._call(lambda ref: Open(ref, lookahead, bulk, rows, language, diarize), OPEN_TIMEOUT)
         if isinstance(answer, Refused):
             if answer.code == "queue_full":
                 raise QueueFull()
@@ -296,4 +294,6 @@ def _info(hello: Hello) -> EngineInfo:
         languages=tuple(hello.languages),
         default_language=hello.default_language,
         endpoint_frames=hello.endpoint_frames,
+        speakers=hello.speakers,
+        speaker_frame_seconds=hello.speaker_frame_seconds,
     )

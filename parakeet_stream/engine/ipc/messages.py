@@ -16,6 +16,7 @@ import struct
 from typing import Any, Union
 
 import msgspec
+import numpy as np
 
 from ...model.precision_check import PrecisionChoice
 from ..results import StreamResult
@@ -33,6 +34,7 @@ class Open(msgspec.Struct, tag=1, array_like=True):
     bulk: bool
     phrases: list[tuple[str, float, bool]]  # (text, weight, hint)
     language: str | None = None
+    diarize: bool = False  # its results come as News (the engine holds them for the diarizer), not as Rows
 
 
 class Audio(msgspec.Struct, tag=2, array_like=True):
@@ -71,6 +73,8 @@ class Hello(msgspec.Struct, tag=10, array_like=True):
     languages: list[str] = []
     default_language: str | None = None
     endpoint_frames: int = 1  # ResultBuilder's, for the results a client builds from Rows
+    speakers: int = 0  # the diarizer's (0: none)
+    speaker_frame_seconds: float = 0.0
 
 
 class Opened(msgspec.Struct, tag=11, array_like=True):
@@ -118,8 +122,8 @@ class Framer:
     """Encodes messages into frames and splits received bytes into messages of one direction."""
 
     def __init__(self, incoming: type) -> None:
-        self._encoder = msgspec.msgpack.Encoder()
-        self._decoder = msgspec.msgpack.Decoder(incoming)
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=_encode_array)
+        self._decoder = msgspec.msgpack.Decoder(incoming, dec_hook=_decode_array)
         self._buffer = bytearray()
         self._read = memoryview(bytearray(READ_BYTES))
 
@@ -155,3 +159,17 @@ class Framer:
         if data is self._buffer:
             del self._buffer[:start]
         return out
+
+
+def _encode_array(value: Any) -> Any:
+    """A result's speaker probabilities (StreamResult.speakers): shape, then float32 bytes."""
+    if isinstance(value, np.ndarray):
+        return (list(value.shape), np.ascontiguousarray(value, np.float32).tobytes())
+    raise NotImplementedError(f"no msgpack form for {type(value).__name__}")
+
+
+def _decode_array(kind: type, value: Any) -> Any:
+    if kind is np.ndarray:
+        shape, data = value
+        return np.frombuffer(data, np.float32).reshape(shape)
+    raise NotImplementedError(f"no msgpack form for {kind.__name__}")

@@ -143,7 +143,7 @@ class WorkerConnection:
     def _open(self, message: Open) -> None:
         phrases = tuple(Phrase(text, weight, hint) for text, weight, hint in message.phrases)
         try:
-            sid = self.engine.create_stream(message.lookahead, message.bulk, phrases, message.language)
+            sid = self.engine.create_stream(message.lookahead, message.bulk, phrases, message.language, message.diarize)
         except QueueFull:
             self._send(Refused(message.ref, "queue_full", "every slot is busy and the waiting queue is full"))
             return
@@ -152,7 +152,8 @@ class WorkerConnection:
             return
         self._sids.add(sid)
         self._send(Opened(message.ref, sid, self.engine.queue_position(sid)))  # before any news of it
-        self.engine.send_rows(sid, self)  # before its first audio: every result of it comes as rows
+        if not message.diarize:  # (a diarized stream's results wait for the diarizer in the outbox: News)
+            self.engine.send_rows(sid, self)  # before its first audio: every result of it comes as rows
         self.engine.add_listener(sid, partial(self._mark, sid))
         self._mark(sid)  # what changed before the listener was there
 
@@ -269,4 +270,6 @@ def hello(engine: ASREngine) -> Hello:
         languages=list(info.languages),
         default_language=info.default_language,
         endpoint_frames=info.endpoint_frames,
+        speakers=info.speakers,
+        speaker_frame_seconds=info.speaker_frame_seconds,
     )
