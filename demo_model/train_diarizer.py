@@ -31,7 +31,7 @@ import torch
 import yaml
 from torch.nn import functional as F
 
-from parakeet_stream.engine.diarizer import live_streaming, load_diarizer
+from parakeet_stream.engine.diarizer_model import live_streaming, load_diarizer
 from parakeet_stream.model.config import EncoderConfig, FeatureConfig
 from parakeet_stream.model.sortformer import Sortformer, SortformerConfig, StreamingConfig, length_mask
 from parakeet_stream.model.sortformer_streaming import StreamingSortformer

@@ -26,7 +26,7 @@ import numpy as np
 from demo_model.conversations import FRAME, Conversations
 from demo_model.train_diarizer import der, test_pool
 from parakeet_stream.engine import ASREngine
-from parakeet_stream.engine.diarizer import DEFAULT_LATENCY, LATENCIES
+from parakeet_stream.engine.diarizer_model import DEFAULT_LATENCY, LATENCIES
 from parakeet_stream.server.streams.speakers import SpeakerTimeline
 from parakeet_stream.server.streams.words import WordTracker
 

@@ -21,7 +21,8 @@ from demo_model.conversations import FRAME, HOP, activity
 from demo_model.speech import synth
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine, EngineError
-from parakeet_stream.engine.diarizer import DEFAULT_LATENCY, TOKEN_LAG_FRAMES, live_streaming
+from parakeet_stream.engine.diarizer import TOKEN_LAG_FRAMES
+from parakeet_stream.engine.diarizer_model import DEFAULT_LATENCY, live_streaming
 from parakeet_stream.model.sortformer import Sortformer
 from parakeet_stream.model.sortformer_streaming import StreamingSortformer, stream_features
 from parakeet_stream.server.streams.speakers import SpeakerTimeline

@@ -343,7 +343,7 @@ def test_serve_sh_installs_torch_from_the_index_it_is_given(tmp_path, index):
 
 DIARIZER = "testorg/tiny-sortformer"
 SORTFORMER_NEMO = (ROOT / "tests" / "fixtures" / "nemo" / "sortformer_tiny.nemo").read_bytes()
-LOAD_DIARIZER = ("from parakeet_stream.engine.diarizer import load_diarizer\n"
+LOAD_DIARIZER = ("from parakeet_stream.engine.diarizer_model import load_diarizer\n"
                  "import sys; print(load_diarizer(sys.argv[1]).cfg.n_spk)")
 
 

@@ -18,7 +18,8 @@ from ..model.parakeet import ParakeetModel
 from ..model.sortformer import Sortformer, StreamingConfig
 from ..model.precision import check_precision, set_precision
 from .config import EngineConfig
-from .diarizer import TOKEN_LAG_FRAMES, Diarizer, live_streaming, load_diarizer
+from .diarizer import TOKEN_LAG_FRAMES, Diarizer
+from .diarizer_model import live_streaming, load_diarizer
 from .info import EngineInfo
 from .languages import Languages
 from .memory import MAX_SLOTS, plan_memory, slot_bytes, stream_bytes

@@ -11,7 +11,7 @@ import torch
 from ..model.config import Lookahead
 from ..model.parakeet import ParakeetModel
 from ..model.sortformer import Sortformer
-from .diarizer import DEFAULT_LATENCY, LATENCIES
+from .diarizer_model import DEFAULT_LATENCY, LATENCIES
 from .latency import DEFAULT_TARGET
 
 
@@ -26,7 +26,7 @@ class EngineConfig:
     calibrate: measure the step cost when the engine starts, before any client (calibration.py;
     off for a tool that serves files only, which admission does not pace); diarizer: a Streaming
     Sortformer (.nemo, a folder holding one, or the model) for the streams that ask for speakers;
-    diarizer_latency: the audio its chunks wait for, one of diarizer.LATENCIES (seconds)."""
+    diarizer_latency: the audio its chunks wait for, one of diarizer_model.LATENCIES (seconds)."""
 
     model: str | Path | ParakeetModel = "demo"
     device: str = "cpu"

@@ -13,7 +13,7 @@ import trio
 
 from ..arguments import ArgumentParser
 from ..engine import ASREngine, EngineError
-from ..engine.diarizer import DEFAULT_LATENCY, LATENCIES
+from ..engine.diarizer_model import DEFAULT_LATENCY, LATENCIES
 from ..engine.info import EngineInfo
 from ..engine.options import CPU_SLOTS, add_engine_arguments, default_slots, engine_options, whole_number
 from ..host import single_threaded_host

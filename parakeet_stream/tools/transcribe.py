@@ -33,7 +33,7 @@ from ..engine import ASREngine, EngineError
 from ..engine.languages import Languages
 from ..engine.options import add_engine_arguments, engine_options
 from ..engine.phrases import MAX_WEIGHT, Phrase, PhraseError, boosting_tree, check_phrases
-from ..engine.diarizer import load_diarizer
+from ..engine.diarizer_model import load_diarizer
 from ..engine.policy import bulk_lookahead
 from ..host import single_threaded_host
 from ..model.device import AUTO, resolve_device
