@@ -11,7 +11,8 @@ the streams' sample buffers (inbox.py): a push takes it once, a plan once, a ste
 
 The counters a push writes are Python lists, not arrays: a push touches one row, and a NumPy
 element costs several times a list's (measured: a service's pushes, a few streams a message, were
-a third slower with arrays); a plan reads whole columns, converted once.
+a third slower with arrays). The two flags a plan reads over every row (a chunk ready and not taken,
+one ever ready) are arrays, written only by a push that makes a chunk ready and by a take.
 """
 
 from __future__ import annotations
