@@ -12,6 +12,10 @@ One command, idempotent and resumable::
         --vocab-size 10000 --test-text data/demo/text --turns 4000 --train-limit 12000
                                                 # + 4,000 turns with pauses inside them (no <EOU>
                                                 # there), beside the first 12,000 train sentences
+    python -m demo_model.data --out data/demo_turns_w --synths espeak,flite,festival \
+        --vocab-size 10000 --test-text data/demo/text --turns 3000 --turn-pauses word --train-limit 6000
+                                                # hesitations only (the turns whose pauses are all
+                                                # between words of a sentence)
 
 Synthesizers (``--synths``; the default ``espeak`` is the original espeak-only
 corpus, whose configuration hash and plan are unchanged).  The corpus build needs
@@ -41,7 +45,8 @@ Stages (each one is skipped when its output already exists):
    speed / pitch / augmentation, deterministic from ``--seed``.  ``<out>/plan.json``.
    With ``--turns N`` also N turns (``turn_000000``...: one to three train sentences
    by one train voice, with 0.3-1.2 s pauses inside the turn, demo_model/turns.py),
-   rendered into train after its sentences; ``--train-limit K`` renders only the
+   rendered into train after its sentences (``--turn-pauses word``: only the turns
+   whose pauses are all hesitations); ``--train-limit K`` renders only the
    first K train sentences (each exactly as the full corpus renders it).
 3. audio: synthesizer (espeak-ng 22.05 kHz, flite 8 or 16 kHz, festival 16 or 32
    kHz) -> soxr -> 16 kHz mono 16-bit FLAC under
@@ -687,6 +692,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--turns", type=int, default=0,
                     help="add N turns of 1-3 train sentences with pauses inside them (no <EOU> at a "
                          "pause) to train (default 0; see demo_model/turns.py)")
+    ap.add_argument("--turn-pauses", choices=["all", "word"], default="all",
+                    help="pauses inside the turns: all (hesitations between words and pauses between "
+                         "sentences, default) or word (only turns whose pauses are hesitations)")
     ap.add_argument("--train-limit", type=int, default=0,
                     help="render only the first N train sentences of the plan (0: all); the plan, "
                          "and so each rendered utterance, stays the full corpus's")
@@ -749,6 +757,8 @@ def corpus_config(args, opts: dict) -> dict:
     if args.turns:  # only then: the corpora made before turns keep their hash
         config["turns"] = {"n": args.turns, "sentences": turns.SENTENCES_PER_TURN,
                            "pause_s": turns.PAUSE_RANGE, "hesitation_prob": turns.HESITATION_PROB}
+        if args.turn_pauses != "all":
+            config["turns"]["pauses"] = args.turn_pauses
     return config
 
 
@@ -764,7 +774,8 @@ def check_config(out: Path, config: dict) -> None:
         cfg_file.write_text(json.dumps({"hash": cfg_hash, **config}, indent=1))
 
 
-def load_plan(out: Path, splits: dict, sources: dict, seed: int, opts: dict, n_turns: int = 0) -> dict:
+def load_plan(out: Path, splits: dict, sources: dict, seed: int, opts: dict, n_turns: int = 0,
+              sentence_pauses: bool = True) -> dict:
     plan_file = out / "plan.json"
     if plan_file.exists():
         return json.loads(plan_file.read_text())
@@ -772,7 +783,7 @@ def load_plan(out: Path, splits: dict, sources: dict, seed: int, opts: dict, n_t
     if n_turns:
         plan["turns"] = turns.plan_turns(n_turns, splits["train"], seed,
                                          lambda rng, split: pick_voice(rng, split, opts["mix"]),
-                                         lambda rng: pick_augment(rng, opts))
+                                         lambda rng: pick_augment(rng, opts), sentence_pauses)
     tmp = plan_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(plan))
     os.replace(tmp, plan_file)
@@ -907,7 +918,7 @@ def main(argv=None):
 
     # sentence origin for the manifests: natural / clause / markov / template
     sources = dict(zip(splits["train"], (text_dir / "train_sources.txt").read_text().splitlines()))
-    plan = load_plan(out, splits, sources, args.seed, opts, args.turns)
+    plan = load_plan(out, splits, sources, args.seed, opts, args.turns, args.turn_pauses == "all")
     plan["train"] = plan["train"][: args.train_limit or None] + plan.get("turns", [])
     for name in ("test_sentences", "test_voices", "train"):
         render_split(name, plan[name][: args.limit] if args.limit else plan[name], out, args.jobs)

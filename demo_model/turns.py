@@ -48,11 +48,17 @@ def plan_turn(rng: random.Random, sentences: list[str]) -> dict:
     return {"text": " ".join(picked), "segments": segments, "pauses_s": pauses, "pause_kinds": kinds}
 
 
-def plan_turns(n: int, sentences: list[str], seed: int, pick_voice, pick_augment) -> list[dict]:
-    """n turn items drawn from the train sentences and voices; ids turn_000000..."""
+def plan_turns(n: int, sentences: list[str], seed: int, pick_voice, pick_augment,
+               sentence_pauses: bool = True) -> list[dict]:
+    """n turn items drawn from the train sentences and voices (ids turn_000000...).
+
+    ``sentence_pauses=False`` keeps only the turns whose pauses are all hesitations (the
+    others are drawn, then left out: a kept turn is the same item, id and audio either way).
+    """
     rng = random.Random(seed * 1000 + TURN_CODE)
     items = []
-    for i in range(n):
+    i = 0
+    while len(items) < n:
         uid = f"turn_{i:06d}"
         it = {"id": uid, "audio_filepath": f"audio/turns/{i // 1000:03d}/{uid}.flac", "split": "train"}
         it.update(plan_turn(rng, sentences))
@@ -60,7 +66,9 @@ def plan_turns(n: int, sentences: list[str], seed: int, pick_voice, pick_augment
         it.update(pick_augment(rng))
         it["source"] = "turn"
         it["seed"] = seed * 1000 + TURN_CODE
-        items.append(it)
+        if sentence_pauses or "sentence" not in it["pause_kinds"]:
+            items.append(it)
+        i += 1
     return items
 
 

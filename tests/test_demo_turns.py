@@ -91,3 +91,14 @@ def test_a_corpus_without_turns_keeps_its_configuration():
     assert "turns" not in plain
     assert {k: v for k, v in with_turns.items() if k != "turns"} == plain
     assert with_turns["turns"]["n"] == 10
+
+
+def test_hesitations_only_keeps_the_same_turns_without_the_pauses_between_sentences():
+    opts = ESPEAK_ONLY
+    every = {it["id"]: it for it in plan(60)}
+    kept = turns.plan_turns(10, SENTENCES, 7, lambda rng, split: data.pick_voice(rng, split, opts["mix"]),
+                            lambda rng: data.pick_augment(rng, opts), sentence_pauses=False)
+    assert len(kept) == 10
+    for it in kept:
+        assert set(it["pause_kinds"]) == {"word"}
+        assert it == every[it["id"]]  # the same item (and so the same audio) as in a corpus with all pauses
