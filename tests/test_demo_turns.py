@@ -11,7 +11,7 @@ import pytest
 
 from demo_model import data, turns
 from parakeet_stream.model.tokenizer import Tokenizer
-from parakeet_stream.training.data import Example, collate
+from parakeet_stream.training.data import Example, collate, example_features
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTENCES = ["the dog is very big", "it was a good day", "please bring the red box home",
@@ -102,3 +102,22 @@ def test_hesitations_only_keeps_the_same_turns_without_the_pauses_between_senten
     for it in kept:
         assert set(it["pause_kinds"]) == {"word"}
         assert it == every[it["id"]]  # the same item (and so the same audio) as in a corpus with all pauses
+
+
+def test_end_silence_lengthens_the_silence_after_the_last_word_only():
+    class Speech:  # 50 loud frames, then 20 quiet ones
+        def feats(self, i: int) -> np.ndarray:
+            return np.concatenate([np.full((50, 80), 5.0), np.full((20, 80), -10.0)]).astype(np.float16)
+
+    one = Example((0,), 70)
+    assert example_features(Speech(), one, np.random.default_rng(0)).shape == (70, 80)  # off: as before
+    lengths = []
+    for seed in range(8):
+        x = example_features(Speech(), one, np.random.default_rng(seed), end_silence=2.0)
+        assert np.array_equal(x[:70], Speech().feats(0)) and (x[70:] == -10.0).all()
+        lengths.append(len(x) - 70)
+    assert max(lengths) > 30 and all(n <= 200 for n in lengths)
+    # the targets do not change: the <EOU> may come anywhere in the longer silence
+    plain = collate(Speech(), [[3, 4]], [one], np.random.default_rng(1), 9, augment=True)
+    longer = collate(Speech(), [[3, 4]], [one], np.random.default_rng(1), 9, augment=True, end_silence=2.0)
+    assert plain[2].tolist() == longer[2].tolist() == [[3, 4, 9]]
