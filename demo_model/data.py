@@ -8,6 +8,14 @@ One command, idempotent and resumable::
     python -m demo_model.data --out data/demo_multi --synths espeak,flite,festival
     python -m demo_model.data --out data/demo_multi --vocab-size 10000 --test-text data/demo/text
                                                 # same test sentences as data/demo (comparable WER)
+    python -m demo_model.data --out data/demo_turns --synths espeak,flite,festival \
+        --vocab-size 10000 --test-text data/demo/text --turns 4000 --train-limit 12000
+                                                # + 4,000 turns with pauses inside them (no <EOU>
+                                                # there), beside the first 12,000 train sentences
+    python -m demo_model.data --out data/demo_turns_w --synths espeak,flite,festival \
+        --vocab-size 10000 --test-text data/demo/text --turns 3000 --turn-pauses word --train-limit 6000
+                                                # hesitations only (the turns whose pauses are all
+                                                # between words of a sentence)
 
 Synthesizers (``--synths``; the default ``espeak`` is the original espeak-only
 corpus, whose configuration hash and plan are unchanged).  The corpus build needs
@@ -35,6 +43,11 @@ Stages (each one is skipped when its output already exists):
    Written to ``<out>/text/``.
 2. plan: one rendering per sentence with a random synthesizer / voice / variant /
    speed / pitch / augmentation, deterministic from ``--seed``.  ``<out>/plan.json``.
+   With ``--turns N`` also N turns (``turn_000000``...: one to three train sentences
+   by one train voice, with 0.3-1.2 s pauses inside the turn, demo_model/turns.py),
+   rendered into train after its sentences (``--turn-pauses word``: only the turns
+   whose pauses are all hesitations); ``--train-limit K`` renders only the
+   first K train sentences (each exactly as the full corpus renders it).
 3. audio: synthesizer (espeak-ng 22.05 kHz, flite 8 or 16 kHz, festival 16 or 32
    kHz) -> soxr -> 16 kHz mono 16-bit FLAC under
    ``<out>/audio/<split>/<shard>/<id>.flac`` (written atomically; existing files
@@ -93,6 +106,7 @@ from pathlib import Path
 
 import numpy as np
 
+from demo_model import turns
 from parakeet_stream.training import synth as synths
 
 # --------------------------------------------------------------------------
@@ -587,7 +601,7 @@ def render_audio(it: dict) -> np.ndarray:
     """Synthesize one plan item and apply its augmentation: int16 samples at TARGET_RATE."""
     import soxr
 
-    x, rate = synths.synthesize(it)
+    x, rate = turns.synthesize_turn(it) if "segments" in it else synths.synthesize(it)
     y = (x if rate == TARGET_RATE else soxr.resample(x, rate, TARGET_RATE, quality="HQ")).astype(np.float64)
     num = int(it["id"].rsplit("_", 1)[1])
     rng = np.random.default_rng([it["seed"], num])
@@ -675,6 +689,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--test-text", default=None,
                     help="take both test splits' sentences from this earlier corpus's text/ folder "
                          "(kept out of train), so that WER figures compare across corpora")
+    ap.add_argument("--turns", type=int, default=0,
+                    help="add N turns of 1-3 train sentences with pauses inside them (no <EOU> at a "
+                         "pause) to train (default 0; see demo_model/turns.py)")
+    ap.add_argument("--turn-pauses", choices=["all", "word"], default="all",
+                    help="pauses inside the turns: all (hesitations between words and pauses between "
+                         "sentences, default) or word (only turns whose pauses are hesitations)")
+    ap.add_argument("--train-limit", type=int, default=0,
+                    help="render only the first N train sentences of the plan (0: all); the plan, "
+                         "and so each rendered utterance, stays the full corpus's")
     ap.add_argument("--text-only", action="store_true", help="stop after the text stage")
     ap.add_argument("--limit", type=int, default=0, help="render only the first N per split (testing)")
     ap.add_argument("--force", action="store_true", help="delete <out> and start over")
@@ -731,6 +754,11 @@ def corpus_config(args, opts: dict) -> dict:
             "reverb_prob": opts["reverb_prob"], "rt60_s": RT60_RANGE,
             "telephone_prob": opts["telephone_prob"], "mulaw_prob": MULAW_PROB,
             "telephone_band_hz": TELEPHONE_BAND}
+    if args.turns:  # only then: the corpora made before turns keep their hash
+        config["turns"] = {"n": args.turns, "sentences": turns.SENTENCES_PER_TURN,
+                           "pause_s": turns.PAUSE_RANGE, "hesitation_prob": turns.HESITATION_PROB}
+        if args.turn_pauses != "all":
+            config["turns"]["pauses"] = args.turn_pauses
     return config
 
 
@@ -746,11 +774,16 @@ def check_config(out: Path, config: dict) -> None:
         cfg_file.write_text(json.dumps({"hash": cfg_hash, **config}, indent=1))
 
 
-def load_plan(out: Path, splits: dict, sources: dict, seed: int, opts: dict) -> dict:
+def load_plan(out: Path, splits: dict, sources: dict, seed: int, opts: dict, n_turns: int = 0,
+              sentence_pauses: bool = True) -> dict:
     plan_file = out / "plan.json"
     if plan_file.exists():
         return json.loads(plan_file.read_text())
     plan = {name: plan_split(name, sents, sources, seed, opts) for name, sents in splits.items()}
+    if n_turns:
+        plan["turns"] = turns.plan_turns(n_turns, splits["train"], seed,
+                                         lambda rng, split: pick_voice(rng, split, opts["mix"]),
+                                         lambda rng: pick_augment(rng, opts), sentence_pauses)
     tmp = plan_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(plan))
     os.replace(tmp, plan_file)
@@ -885,7 +918,8 @@ def main(argv=None):
 
     # sentence origin for the manifests: natural / clause / markov / template
     sources = dict(zip(splits["train"], (text_dir / "train_sources.txt").read_text().splitlines()))
-    plan = load_plan(out, splits, sources, args.seed, opts)
+    plan = load_plan(out, splits, sources, args.seed, opts, args.turns, args.turn_pauses == "all")
+    plan["train"] = plan["train"][: args.train_limit or None] + plan.get("turns", [])
     for name in ("test_sentences", "test_voices", "train"):
         render_split(name, plan[name][: args.limit] if args.limit else plan[name], out, args.jobs)
     print_summary(write_summary(out, args, opts, info, t0), out, t0)

@@ -332,6 +332,9 @@ def main(argv=None) -> int:
     ap.add_argument("--weight-decay", type=float, default=1e-2)
     ap.add_argument("--batch-frames", type=int, default=8000, help="padded feature frames per batch (100/s)")
     ap.add_argument("--pair-prob", type=float, default=0.1)
+    ap.add_argument("--end-silence", type=float, default=0.0,
+                    help="end each example with 0 to this many seconds more of its trailing silence "
+                         "(default 0: off), so that the <EOU> cannot wait for the end of the audio")
     ap.add_argument("--freq-warp", type=float, default=0.1,
                     help="warp each example's frequency axis by up to this fraction (default 0.1; 0: off)")
     ap.add_argument("--ctc-weight", type=float, default=0.3)
@@ -513,7 +516,7 @@ def main(argv=None) -> int:
             batch = batches[st["batch_in_epoch"]]
         t0 = time.monotonic()
         x, xl, y, yl = collate(train, targets, batch, aug_rng, tok.eou_id, augment=not warm,
-                               max_warp=args.freq_warp)
+                               max_warp=args.freq_warp, end_silence=args.end_silence)
         lr = learning_rate(st["step"], peak=args.lr, warmup=args.warmup, floor=args.min_lr,
                            cooldown_s=60 * args.cooldown_minutes, seconds_left=deadline - time.monotonic())
         for g in opt.param_groups:

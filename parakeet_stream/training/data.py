@@ -188,21 +188,29 @@ def plan_epoch(lengths: np.ndarray, rng: np.random.Generator, max_frames: int,
     return [batches[j] for j in perm]
 
 
+def _silence(prev: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n frames drawn from the last 15 (silent) frames of `prev`."""
+    tail = prev[-min(15, len(prev)):]
+    return tail[rng.integers(0, len(tail), n)]
+
+
 def example_features(fs: FeatureSet, ex: Example, rng: np.random.Generator,
-                     pause_range=(0.0, 1.5)) -> np.ndarray:
-    """float32 [T, n_mels]; pairs get an extra pause made of the first part's trailing (silent) frames."""
+                     pause_range=(0.0, 1.5), end_silence: float = 0.0) -> np.ndarray:
+    """float32 [T, n_mels]; pairs get an extra pause made of the first part's trailing (silent) frames.
+
+    `end_silence` > 0: the example also ends with 0 to that many seconds more of its own trailing
+    silence, so that the end of the audio does not tell where the <EOU> goes (a live stream's
+    silence after a turn goes on)."""
     parts = [np.asarray(fs.feats(i), dtype=np.float32) for i in ex.parts]
-    if len(parts) == 1:
-        return parts[0]
     out = [parts[0]]
     for p in parts[1:]:
-        prev = out[-1]
         n_extra = int(rng.uniform(*pause_range) * 100)
         if n_extra > 0:
-            tail = prev[-min(15, len(prev)):]
-            out.append(tail[rng.integers(0, len(tail), n_extra)])
+            out.append(_silence(out[-1], n_extra, rng))
         out.append(p)
-    return np.concatenate(out)
+    if end_silence > 0:
+        out.append(_silence(parts[-1], int(rng.uniform(0.0, end_silence) * 100), rng))
+    return out[0] if len(out) == 1 else np.concatenate(out)
 
 
 def spec_augment(x: np.ndarray, rng: np.random.Generator, freq_masks: int = 2, freq_width: int = 15,
@@ -248,7 +256,8 @@ def freq_warp(x: np.ndarray, alpha: float) -> np.ndarray:
 
 
 def collate(fs: FeatureSet, targets: list[list[int]], batch: list[Example], rng: np.random.Generator,
-            eou_id: int, augment: bool = True, end_frame_prob: float = 0.5, max_warp: float = 0.0):
+            eou_id: int, augment: bool = True, end_frame_prob: float = 0.5, max_warp: float = 0.0,
+            end_silence: float = 0.0):
     """-> feats [B, T, F] float32, lengths [B], targets [B, U] long (0-padded), target lengths [B].
 
     `max_warp`: with augmentation, each example's frequency axis is warped by a factor drawn
@@ -256,7 +265,7 @@ def collate(fs: FeatureSet, targets: list[list[int]], batch: list[Example], rng:
     """
     xs, ys = [], []
     for ex in batch:
-        x = example_features(fs, ex, rng)
+        x = example_features(fs, ex, rng, end_silence=end_silence if augment else 0.0)
         if augment:
             if max_warp:
                 x = freq_warp(x, rng.uniform(1 - max_warp, 1 + max_warp))

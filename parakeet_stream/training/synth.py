@@ -74,9 +74,11 @@ def parse_wav(data: bytes, what: str) -> tuple[np.ndarray, int]:
     return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0, rate
 
 
-def espeak(text: str, accent: str, variant: str, speed: int, pitch: int) -> tuple[np.ndarray, int]:
+def espeak(text: str, accent: str, variant: str, speed: int, pitch: int,
+           markup: bool = False) -> tuple[np.ndarray, int]:
+    """``markup``: the text is SSML (e.g. ``<speak>... <break time="500ms"/> ...</speak>``)."""
     voice = accent if variant == "default" else f"{accent}+{variant}"
-    out = subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-p", str(pitch),
+    out = subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-p", str(pitch), *(["-m"] if markup else []),
                           "--stdout", text], capture_output=True, check=True).stdout
     x, rate = parse_wav(out, f"espeak-ng {voice!r}")  # streaming header: sizes are bogus
     if rate != ESPEAK_RATE:

@@ -1,0 +1,123 @@
+"""Turns with pauses inside them in the demo corpus (demo_model/turns.py, `demo_model.data --turns`):
+one <EOU> at the turn's end whatever its pauses, the pauses inside the rendered speech, and the
+corpora made without turns left as they were."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from demo_model import data, turns
+from parakeet_stream.model.tokenizer import Tokenizer
+from parakeet_stream.training.data import Example, collate, example_features
+
+ROOT = Path(__file__).resolve().parent.parent
+SENTENCES = ["the dog is very big", "it was a good day", "please bring the red box home",
+             "we can paint it tomorrow morning", "where is the old car"]
+ESPEAK_ONLY = {"augment": False, "mix": {"espeak": 1.0}, "reverb_prob": 0.0, "telephone_prob": 0.0}
+
+
+def plan(n: int, opts: dict = ESPEAK_ONLY) -> list[dict]:
+    return turns.plan_turns(n, SENTENCES, 7, lambda rng, split: data.pick_voice(rng, split, opts["mix"]),
+                            lambda rng: data.pick_augment(rng, opts))
+
+
+class Feats:  # the part of FeatureSet that collate reads
+    def feats(self, i: int) -> np.ndarray:
+        return np.zeros((50, 80), np.float16)
+
+
+def test_a_turn_is_its_sentences_with_pauses_inside_and_one_eou_at_its_end():
+    tok = Tokenizer(ROOT / "weights" / "demo" / "tokenizer.model")
+    items = plan(40)
+    kinds = set()
+    for it in items:
+        # the words are the segments' words: the pauses cut the text, they do not change it
+        assert " ".join(s.rstrip(".") for s in it["segments"]) == it["text"]
+        assert len(it["pauses_s"]) == len(it["segments"]) - 1 == len(it["pause_kinds"]) >= 1
+        assert all(turns.PAUSE_RANGE[0] <= p <= turns.PAUSE_RANGE[1] for p in it["pauses_s"])
+        assert it["split"] == "train" and it["synth"] == "espeak"
+        kinds |= set(it["pause_kinds"])
+    assert kinds == {"word", "sentence"}
+    # the trainer's targets (demo_model/train.py): a turn alone ends with its only <EOU> ...
+    targets = [tok.encode(it["text"]) for it in items[:2]]
+    _, _, y, yl = collate(Feats(), targets, [Example((0,), 50)], np.random.default_rng(0), tok.eou_id, augment=False)
+    y = y[0, : yl[0]].tolist()
+    assert y.count(tok.eou_id) == 1 and y[-1] == tok.eou_id
+    assert tok.decode(y) == items[0]["text"]
+    # ... and two joined by the trainer still get one after each: a finished turn ends
+    _, _, y, yl = collate(Feats(), targets, [Example((0, 1), 100)], np.random.default_rng(0), tok.eou_id,
+                          augment=False)
+    y = y[0, : yl[0]].tolist()
+    assert [k for k, t in enumerate(y) if t == tok.eou_id] == [len(targets[0]), len(y) - 1]
+
+
+def quiet_runs(y: np.ndarray, shortest: float) -> list[tuple[float, float]]:
+    """(start, length) in seconds of the runs of 10 ms frames 40 dB under the loudest, at least `shortest` long."""
+    frames = y[: len(y) // 160 * 160].astype(np.float64).reshape(-1, 160)
+    quiet = np.concatenate([[False], (frames ** 2).mean(1) <= (frames ** 2).mean(1).max() * 1e-4, [False]])
+    edges = np.flatnonzero(np.diff(quiet.astype(int)))
+    return [(a / 100, (b - a) / 100) for a, b in zip(edges[::2], edges[1::2]) if (b - a) / 100 >= shortest]
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+def test_the_pauses_are_silence_inside_one_rendering_of_the_turn():
+    it = {**plan(1)[0], "segments": ["the dog is very big.", "it was a", "good day"], "pauses_s": [0.6, 0.9],
+          "pause_kinds": ["sentence", "word"], "text": "the dog is very big it was a good day"}
+    y = data.render_audio(it)  # no augmentation: speech alone, dithered
+    speech = np.flatnonzero(np.abs(y) > 300)
+    inside = [(s, n) for s, n in quiet_runs(y, 0.25) if speech[0] / 16000 < s and s + n < speech[-1] / 16000]
+    assert [round(n, 1) for _, n in inside] == [0.6, 0.9]
+    assert turns.ssml(it["segments"], it["pauses_s"]) == (
+        '<speak>the dog is very big. <break time="600ms"/> it was a <break time="900ms"/> good day</speak>')
+
+
+def test_turns_are_drawn_from_train_voices_only():
+    mix = {"espeak": 0.5, "flite": 0.35, "festival": 0.15}
+    items = plan(300, {"augment": True, "mix": mix, "reverb_prob": 0.25, "telephone_prob": 0.15})
+    held = {("flite", "rms"), ("festival", "ked_diphone")}
+    for it in items:
+        assert (it["synth"], it["voice"]) not in held
+        assert it["voice"] not in data.HELDOUT_ACCENTS and it["variant"] not in data.HELDOUT_VARIANTS
+    assert {it["synth"] for it in items} == set(mix)
+
+
+def test_a_corpus_without_turns_keeps_its_configuration():
+    opts = data.synth_options(data.parse_args([]))
+    plain = data.corpus_config(data.parse_args([]), opts)
+    with_turns = data.corpus_config(data.parse_args(["--turns", "10", "--train-limit", "5"]), opts)
+    assert "turns" not in plain
+    assert {k: v for k, v in with_turns.items() if k != "turns"} == plain
+    assert with_turns["turns"]["n"] == 10
+
+
+def test_hesitations_only_keeps_the_same_turns_without_the_pauses_between_sentences():
+    opts = ESPEAK_ONLY
+    every = {it["id"]: it for it in plan(60)}
+    kept = turns.plan_turns(10, SENTENCES, 7, lambda rng, split: data.pick_voice(rng, split, opts["mix"]),
+                            lambda rng: data.pick_augment(rng, opts), sentence_pauses=False)
+    assert len(kept) == 10
+    for it in kept:
+        assert set(it["pause_kinds"]) == {"word"}
+        assert it == every[it["id"]]  # the same item (and so the same audio) as in a corpus with all pauses
+
+
+def test_end_silence_lengthens_the_silence_after_the_last_word_only():
+    class Speech:  # 50 loud frames, then 20 quiet ones
+        def feats(self, i: int) -> np.ndarray:
+            return np.concatenate([np.full((50, 80), 5.0), np.full((20, 80), -10.0)]).astype(np.float16)
+
+    one = Example((0,), 70)
+    assert example_features(Speech(), one, np.random.default_rng(0)).shape == (70, 80)  # off: as before
+    lengths = []
+    for seed in range(8):
+        x = example_features(Speech(), one, np.random.default_rng(seed), end_silence=2.0)
+        assert np.array_equal(x[:70], Speech().feats(0)) and (x[70:] == -10.0).all()
+        lengths.append(len(x) - 70)
+    assert max(lengths) > 30 and all(n <= 200 for n in lengths)
+    # the targets do not change: the <EOU> may come anywhere in the longer silence
+    plain = collate(Speech(), [[3, 4]], [one], np.random.default_rng(1), 9, augment=True)
+    longer = collate(Speech(), [[3, 4]], [one], np.random.default_rng(1), 9, augment=True, end_silence=2.0)
+    assert plain[2].tolist() == longer[2].tolist() == [[3, 4, 9]]
