@@ -13,11 +13,11 @@ voice and the prosody run on across them; flite and festival render each segment
 same voice, rate and pitch, joined by silence.  The room, padding, noise, telephone band and
 level of ``demo_model/data.py`` then apply to the whole turn.
 
-Measured (``python -m benchmarks.turns``, the bundled model fine-tuned with ``--init`` for
-20-40 minutes on 6,000 corpus sentences + 3,000-4,000 turns): the false ends at the
-benchmark's mid-sentence pauses went from 13 of 14 to 0-1 of 14, but the model then also
-held back its ``<EOU>`` after the real ends (15-23 of 39 turns ended within the 1.5 s before
-the next one, against 38) -- with or without the pauses between sentences, and with
+Measured (``python -m benchmarks.turns --worst 39``, the bundled model fine-tuned with
+``--init`` for 13-23 minutes on 6,000 corpus sentences + 3,000-4,000 turns; docs/performance.md
+section 9): the false ends at the benchmark's mid-sentence pauses went from 13 of 14 to 0-1 of
+14, but the model then also held back its ``<EOU>`` after the real ends (10-23 of 39 turns
+ended within the 1.5 s before the next one, against 38) -- with or without the pauses between sentences, and with
 ``demo_model.train --end-silence 2``.  A transducer may place ``<EOU>`` anywhere in the
 silence after the last word, so once some silences go on it learns to wait; the bundled
 model was not replaced.
