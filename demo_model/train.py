@@ -335,6 +335,9 @@ def main(argv=None) -> int:
     ap.add_argument("--end-silence", type=float, default=0.0,
                     help="end each example with 0 to this many seconds more of its trailing silence "
                          "(default 0: off), so that the <EOU> cannot wait for the end of the audio")
+    ap.add_argument("--eou-window", type=float, default=0.0,
+                    help="each <EOU> only within this many seconds of audio after its speech ends "
+                         "(default 0: anywhere after its words; 0.24 = 3 encoder frames)")
     ap.add_argument("--freq-warp", type=float, default=0.1,
                     help="warp each example's frequency axis by up to this fraction (default 0.1; 0: off)")
     ap.add_argument("--ctc-weight", type=float, default=0.3)
@@ -388,8 +391,8 @@ def main(argv=None) -> int:
     trainer = Transducer(model, float(sample.mean()), float(sample.std()))
     trainer.init_pre_encode()
     probe = plan_epoch(lengths, np.random.default_rng(0), 3000, 0.0)[0]
-    px, pl, _, _ = collate(train, targets, probe, np.random.default_rng(0), tok.eou_id, augment=False)
-    diff = check_fast_encoder(model, px, pl)
+    probe_batch = collate(train, targets, probe, np.random.default_rng(0), tok.eou_id, augment=False)
+    diff = check_fast_encoder(model, probe_batch.feats, probe_batch.lengths)
     if not diff < 1e-4:
         sys.exit(f"the fast training encoder differs from the model's ({diff}): fix objective.py")
     log(f"[model] fast training pre-encode checked (max diff vs the module {diff:.1e}); input mean "
@@ -405,6 +408,10 @@ def main(argv=None) -> int:
     st = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "train_seconds": 0.0, "audio_seconds": 0.0,
           "best_wer": float("inf"), "history": [], "args": vars(args), "ema_updates": 0,
           "started": datetime.now().isoformat(timespec="seconds")}
+    frame_s = cfg.encoder.subsampling_factor / 100
+    eou_window = round(args.eou_window / frame_s)
+    if args.eou_window and eou_window < 1:
+        sys.exit(f"--eou-window {args.eou_window:g}: at least one encoder frame ({frame_s:g} s)")
     ckpt = work / "last.pt"
     aug_rng = np.random.default_rng(args.seed + 12345)
     if args.init and not ckpt.exists():
@@ -515,13 +522,15 @@ def main(argv=None) -> int:
                 continue
             batch = batches[st["batch_in_epoch"]]
         t0 = time.monotonic()
-        x, xl, y, yl = collate(train, targets, batch, aug_rng, tok.eou_id, augment=not warm,
-                               max_warp=args.freq_warp, end_silence=args.end_silence)
+        b = collate(train, targets, batch, aug_rng, tok.eou_id, augment=not warm,
+                    max_warp=args.freq_warp, end_silence=args.end_silence)
         lr = learning_rate(st["step"], peak=args.lr, warmup=args.warmup, floor=args.min_lr,
                            cooldown_s=60 * args.cooldown_minutes, seconds_left=deadline - time.monotonic())
         for g in opt.param_groups:
             g["lr"] = lr
-        out = trainer(x, xl, y, yl, ctc_weight=args.warm_ctc_weight if warm else args.ctc_weight)
+        out = trainer(b.feats, b.lengths, b.targets, b.target_lengths,
+                      ctc_weight=args.warm_ctc_weight if warm else args.ctc_weight,
+                      eou_frames=b.eou_frames, eou_window=eou_window)
         opt.zero_grad(set_to_none=True)
         out["loss"].backward()
         gnorm = torch.nn.utils.clip_grad_norm_(trainer.parameters(), 5.0)
@@ -539,7 +548,7 @@ def main(argv=None) -> int:
         if not warm:
             st["batch_in_epoch"] += 1
         dt = time.monotonic() - t0
-        audio = float(xl.sum()) / 100
+        audio = float(b.lengths.sum()) / 100
         st["train_seconds"] += dt
         st["audio_seconds"] += audio
         acc["loss"] += out["loss"].item()

@@ -11,7 +11,12 @@ import pytest
 
 from demo_model import data, turns
 from parakeet_stream.model.tokenizer import Tokenizer
-from parakeet_stream.training.data import Example, collate, example_features
+import torch
+
+from parakeet_stream.model.config import ModelConfig
+from parakeet_stream.model.parakeet import ParakeetModel
+from parakeet_stream.training.data import DB, Example, collate, example_features, speech_end
+from parakeet_stream.training.objective import Transducer
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTENCES = ["the dog is very big", "it was a good day", "please bring the red box home",
@@ -43,14 +48,13 @@ def test_a_turn_is_its_sentences_with_pauses_inside_and_one_eou_at_its_end():
     assert kinds == {"word", "sentence"}
     # the trainer's targets (demo_model/train.py): a turn alone ends with its only <EOU> ...
     targets = [tok.encode(it["text"]) for it in items[:2]]
-    _, _, y, yl = collate(Feats(), targets, [Example((0,), 50)], np.random.default_rng(0), tok.eou_id, augment=False)
-    y = y[0, : yl[0]].tolist()
+    b = collate(Feats(), targets, [Example((0,), 50)], np.random.default_rng(0), tok.eou_id, augment=False)
+    y = b.targets[0, : b.target_lengths[0]].tolist()
     assert y.count(tok.eou_id) == 1 and y[-1] == tok.eou_id
     assert tok.decode(y) == items[0]["text"]
     # ... and two joined by the trainer still get one after each: a finished turn ends
-    _, _, y, yl = collate(Feats(), targets, [Example((0, 1), 100)], np.random.default_rng(0), tok.eou_id,
-                          augment=False)
-    y = y[0, : yl[0]].tolist()
+    b = collate(Feats(), targets, [Example((0, 1), 100)], np.random.default_rng(0), tok.eou_id, augment=False)
+    y = b.targets[0, : b.target_lengths[0]].tolist()
     assert [k for k, t in enumerate(y) if t == tok.eou_id] == [len(targets[0]), len(y) - 1]
 
 
@@ -110,14 +114,65 @@ def test_end_silence_lengthens_the_silence_after_the_last_word_only():
             return np.concatenate([np.full((50, 80), 5.0), np.full((20, 80), -10.0)]).astype(np.float16)
 
     one = Example((0,), 70)
-    assert example_features(Speech(), one, np.random.default_rng(0)).shape == (70, 80)  # off: as before
+    assert example_features(Speech(), one, np.random.default_rng(0))[0].shape == (70, 80)  # off: as before
     lengths = []
     for seed in range(8):
-        x = example_features(Speech(), one, np.random.default_rng(seed), end_silence=2.0)
+        x, ends = example_features(Speech(), one, np.random.default_rng(seed), end_silence=2.0)
+        assert ends == [50]
         assert np.array_equal(x[:70], Speech().feats(0)) and (x[70:] == -10.0).all()
         lengths.append(len(x) - 70)
     assert max(lengths) > 30 and all(n <= 200 for n in lengths)
     # the targets do not change: the <EOU> may come anywhere in the longer silence
     plain = collate(Speech(), [[3, 4]], [one], np.random.default_rng(1), 9, augment=True)
     longer = collate(Speech(), [[3, 4]], [one], np.random.default_rng(1), 9, augment=True, end_silence=2.0)
-    assert plain[2].tolist() == longer[2].tolist() == [[3, 4, 9]]
+    assert plain.targets.tolist() == longer.targets.tolist() == [[3, 4, 9]]
+
+
+def speech(n_before: int, n_speech: int, n_after: int, floor: float, seed: int = 0) -> np.ndarray:
+    """Log-mel frames: noise at `floor`, then speech 30 dB above it, then noise again."""
+    rng = np.random.default_rng(seed)
+    x = floor + rng.normal(0, 0.3, (n_before + n_speech + n_after, 80))
+    x[n_before:n_before + n_speech] += 30 * DB + rng.normal(0, 1.0, (n_speech, 80))
+    return x.astype(np.float16)
+
+
+def test_speech_end_is_the_frame_after_the_last_one_above_the_noise():
+    assert speech_end(speech(30, 50, 40, floor=-15.0)) == 80
+    assert speech_end(speech(0, 50, 70, floor=-5.0)) == 50  # no lead-in silence, a louder floor
+    assert speech_end(speech(0, 60, 0, floor=-15.0)) == 60  # speech to the last frame
+    quiet_tail = speech(20, 50, 40, floor=-15.0)
+    quiet_tail[60:70] -= 17 * DB  # the last word 17 dB softer: 13 dB above the noise, still speech
+    assert speech_end(quiet_tail) == 70
+    quiet_tail[60:70] -= 10 * DB  # 3 dB above the noise: not speech
+    assert speech_end(quiet_tail) == 60
+    quiet_tail[90:92] += 35 * DB  # a click: too short for speech
+    assert speech_end(quiet_tail) == 60
+
+
+def test_each_eou_target_carries_where_its_speech_ends():
+    class Parts:
+        def feats(self, i: int) -> np.ndarray:
+            return speech(10, 40 + 20 * i, 30, floor=-15.0, seed=i)
+
+    b = collate(Parts(), [[3, 4], [5]], [Example((0, 1), 200)], np.random.default_rng(3), 9, augment=False)
+    assert b.targets.tolist() == [[3, 4, 9, 5, 9]]
+    first, pause = len(Parts().feats(0)), int(b.lengths[0]) - 80 - 100
+    assert pause > 0  # a pair is joined by a pause made of the first part's silence
+    assert b.eou_frames.tolist() == [[-1, -1, 50, -1, first + pause + 10 + 60]]
+
+
+def test_the_trainer_counts_only_alignments_with_the_eou_in_its_window():
+    torch.manual_seed(0)
+    trainer = Transducer(ParakeetModel(ModelConfig.load(ROOT / "weights" / "demo" / "config.json")))
+    feats = torch.randn(2, 160, 80)
+    lengths, targets = torch.tensor([160, 120]), torch.tensor([[5, 6, 7, 256], [8, 256, 0, 0]])
+    eou = torch.tensor([[-1, -1, -1, 90], [-1, 60, -1, -1]])
+    args = (feats, lengths, targets, torch.tensor([4, 2]))
+    with torch.no_grad():
+        free = trainer(*args, ctc_weight=0.0)["rnnt"]
+        tight = trainer(*args, ctc_weight=0.0, eou_frames=eou, eou_window=2)["rnnt"]
+        wide = trainer(*args, ctc_weight=0.0, eou_frames=eou, eou_window=100)["rnnt"]
+    assert tight > free + 0.01
+    # a window reaching every frame from the speech's end on keeps the alignments that put the
+    # <EOU> there; only the earlier ones go
+    assert free <= wide < tight

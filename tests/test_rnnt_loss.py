@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from parakeet_stream.training.objective import eou_outside_window
 from parakeet_stream.training.rnnt_loss import (
     rnnt_logprobs,
     rnnt_loss,
@@ -15,11 +16,12 @@ from parakeet_stream.training.rnnt_loss import (
 TOL = 1e-5
 
 
-def brute_force_nll(logits, target, blank):
+def brute_force_nll(logits, target, blank, label_ok=lambda t, u: True):
     """-log P(target) for ONE sequence, summing over every alignment path.
 
     logits: [T, U+1, V] (already cut to this sequence's lengths); target: [U].
-    A path is an ordering of T blanks and U labels whose last symbol is a blank.
+    A path is an ordering of T blanks and U labels whose last symbol is a blank;
+    only paths emitting each label u at a frame t with `label_ok(t, u)` count.
     """
     T, W, V = logits.shape
     U = W - 1
@@ -31,6 +33,8 @@ def brute_force_nll(logits, target, blank):
         s = lp.new_zeros(())
         for step in range(T - 1 + U):
             if step in label_steps:
+                if not label_ok(t, u):
+                    s = s + float("-inf")
                 s = s + lp[t, u, target[u]]
                 u += 1
             else:
@@ -196,3 +200,29 @@ def test_bad_lengths_rejected():
         rnnt_loss(logits, targets, T_l, torch.tensor([3]))
     with pytest.raises(ValueError):
         rnnt_loss(logits, targets, T_l, U_l, reduction="avg")
+
+
+def test_an_eou_window_keeps_only_the_alignments_with_each_eou_inside_it():
+    T, V = 7, 5
+    logits, targets, T_l, U_l = make_case(2, T, 4, V, [7, 6], [4, 4], seed=5)
+    # feature frames (100/s) where the speech before each <EOU> ends; -1: a word
+    eou = torch.tensor([[-1, -1, -1, 17], [-1, 9, -1, 35]])
+    outside = eou_outside_window(eou, T_l, T, subsampling=8, window=2)
+    # frame 16 first reaches encoder frame 2, frame 8 frame 1, frame 34 frame 5 (the last of 6)
+    windows = {(0, 3): (2, 4), (1, 1): (1, 3), (1, 3): (5, 7)}
+    assert [[t for t in range(T) if not outside[b, t, u]] for (b, u) in windows] == [[2, 3], [1, 2], [5, 6]]
+
+    blank_lp, label_lp = rnnt_logprobs(logits, targets)
+    loss = rnnt_loss_from_logprobs(blank_lp, label_lp.masked_fill(outside, float("-inf")), T_l, U_l,
+                                   reduction="none")
+    free = rnnt_loss(logits, targets, T_l, U_l, reduction="none")
+    loss.sum().backward()
+    ref = logits.detach().clone().requires_grad_(True)
+    want = torch.stack([
+        brute_force_nll(ref[b, : T_l[b]], targets[b], V - 1,
+                        lambda t, u, b=b: (b, u) not in windows or windows[b, u][0] <= t < windows[b, u][1])
+        for b in range(2)])
+    want.sum().backward()
+    assert torch.allclose(loss.detach(), want.detach(), atol=TOL, rtol=0)
+    assert torch.allclose(logits.grad, ref.grad, atol=TOL, rtol=0)
+    assert (loss.detach() > free.detach() + 0.1).all()  # fewer alignments: a lower likelihood

@@ -20,6 +20,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from ..model.config import FeatureConfig
 from ..model.features import LogMelFeatures
 
 SHARD = 1000  # utterances per feature shard
+DB = math.log(10) / 10  # a decibel of power in log-mel (natural log) units
 
 
 def load_manifest(path: str | Path) -> list[dict]:
@@ -194,23 +196,42 @@ def _silence(prev: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     return tail[rng.integers(0, len(tail), n)]
 
 
-def example_features(fs: FeatureSet, ex: Example, rng: np.random.Generator,
-                     pause_range=(0.0, 1.5), end_silence: float = 0.0) -> np.ndarray:
-    """float32 [T, n_mels]; pairs get an extra pause made of the first part's trailing (silent) frames.
+def speech_end(x: np.ndarray, range_db: float = 40.0, floor_db: float = 10.0, shortest: int = 3) -> int:
+    """The feature frame just after the last frame of speech in log-mel `x` [T, F].
 
+    Speech: runs of at least `shortest` frames within `range_db` of the loudest and `floor_db`
+    above the noise floor (the 10th percentile of the frames' power), so that the corpus's added
+    noise (20-45 dB under the speech) and a synthesizer's click at the end are not speech.
+    """
+    power = np.logaddexp.reduce(np.asarray(x, np.float64), axis=1)  # log of each frame's mel power
+    peak = power.max()
+    level = min(max(peak - range_db * DB, np.percentile(power, 10) + floor_db * DB), peak - 10 * DB)
+    loud = np.convolve(power > level, np.ones(shortest), "valid") == shortest  # run starts
+    runs = np.flatnonzero(loud)
+    return int(runs[-1]) + shortest if len(runs) else len(x)
+
+
+def example_features(fs: FeatureSet, ex: Example, rng: np.random.Generator,
+                     pause_range=(0.0, 1.5), end_silence: float = 0.0) -> tuple[np.ndarray, list[int]]:
+    """float32 [T, n_mels] and, per part, the frame where its speech ends (`speech_end`).
+
+    Pairs get an extra pause made of the first part's trailing (silent) frames.
     `end_silence` > 0: the example also ends with 0 to that many seconds more of its own trailing
     silence, so that the end of the audio does not tell where the <EOU> goes (a live stream's
     silence after a turn goes on)."""
     parts = [np.asarray(fs.feats(i), dtype=np.float32) for i in ex.parts]
-    out = [parts[0]]
+    out, ends, start = [parts[0]], [speech_end(parts[0])], len(parts[0])
     for p in parts[1:]:
         n_extra = int(rng.uniform(*pause_range) * 100)
         if n_extra > 0:
             out.append(_silence(out[-1], n_extra, rng))
+            start += n_extra
         out.append(p)
+        ends.append(start + speech_end(p))
+        start += len(p)
     if end_silence > 0:
         out.append(_silence(parts[-1], int(rng.uniform(0.0, end_silence) * 100), rng))
-    return out[0] if len(out) == 1 else np.concatenate(out)
+    return (out[0] if len(out) == 1 else np.concatenate(out)), ends
 
 
 def spec_augment(x: np.ndarray, rng: np.random.Generator, freq_masks: int = 2, freq_width: int = 15,
@@ -255,17 +276,25 @@ def freq_warp(x: np.ndarray, alpha: float) -> np.ndarray:
     return x[:, lo] * (1 - w) + x[:, hi] * w
 
 
+class Batch(NamedTuple):
+    feats: torch.Tensor  # [B, T, F] float32
+    lengths: torch.Tensor  # [B]
+    targets: torch.Tensor  # [B, U] long, 0-padded
+    target_lengths: torch.Tensor  # [B]
+    eou_frames: torch.Tensor  # [B, U] long: at each <EOU>, the feature frame its speech ends; -1 elsewhere
+
+
 def collate(fs: FeatureSet, targets: list[list[int]], batch: list[Example], rng: np.random.Generator,
             eou_id: int, augment: bool = True, end_frame_prob: float = 0.5, max_warp: float = 0.0,
-            end_silence: float = 0.0):
-    """-> feats [B, T, F] float32, lengths [B], targets [B, U] long (0-padded), target lengths [B].
+            end_silence: float = 0.0) -> Batch:
+    """The examples' features and targets (the words of each part, then <EOU>), padded.
 
     `max_warp`: with augmentation, each example's frequency axis is warped by a factor drawn
     from [1 - max_warp, 1 + max_warp] (new speakers out of the synthesizers' few voices).
     """
-    xs, ys = [], []
+    xs, ys, es = [], [], []
     for ex in batch:
-        x = example_features(fs, ex, rng, end_silence=end_silence if augment else 0.0)
+        x, ends = example_features(fs, ex, rng, end_silence=end_silence if augment else 0.0)
         if augment:
             if max_warp:
                 x = freq_warp(x, rng.uniform(1 - max_warp, 1 + max_warp))
@@ -276,19 +305,24 @@ def collate(fs: FeatureSet, targets: list[list[int]], batch: list[Example], rng:
                 x = np.concatenate([x, np.zeros((1, x.shape[1]), x.dtype)])
         xs.append(x)
         y: list[int] = []
-        for i in ex.parts:
+        e: list[int] = []
+        for i, end in zip(ex.parts, ends):
             y += targets[i] + [eou_id]
+            e += [-1] * len(targets[i]) + [end]
         ys.append(y)
+        es.append(e)
     b, t, f = len(xs), max(len(x) for x in xs), xs[0].shape[1]
     feats = np.zeros((b, t, f), np.float32)
     for k, x in enumerate(xs):
         feats[k, :len(x)] = x
     u = max(len(y) for y in ys)
     tg = np.zeros((b, max(u, 1)), np.int64)
-    for k, y in enumerate(ys):
+    eou = np.full((b, max(u, 1)), -1, np.int64)
+    for k, (y, e) in enumerate(zip(ys, es)):
         tg[k, :len(y)] = y
-    return (torch.from_numpy(feats), torch.tensor([len(x) for x in xs]),
-            torch.from_numpy(tg), torch.tensor([len(y) for y in ys]))
+        eou[k, :len(e)] = e
+    return Batch(torch.from_numpy(feats), torch.tensor([len(x) for x in xs]),
+                 torch.from_numpy(tg), torch.tensor([len(y) for y in ys]), torch.from_numpy(eou))
 
 
 # --------------------------------------------------------------------------

@@ -74,6 +74,24 @@ def check_fast_encoder(model: ParakeetModel, feats: torch.Tensor, lengths: torch
     return float((ref - out).abs()[valid].max())
 
 
+def eou_outside_window(eou_frames: torch.Tensor, enc_len: torch.Tensor, n_frames: int, subsampling: int,
+                       window: int) -> torch.Tensor:
+    """[B, T, U] True where the <EOU> label of `eou_frames` [B, U] may not be emitted.
+
+    An <EOU> may come from the first encoder frame that has heard the last frame of its speech
+    (feature frame `end - 1` first reaches encoder frame ceil((end - 1) / subsampling)) to
+    `window` frames later; other labels (-1) anywhere.  Left free, the transducer loss lets an
+    <EOU> fall anywhere in the silence after the words, and a model trained on turns with
+    pauses inside them learns to hold it back.
+    """
+    is_eou = eou_frames >= 0
+    first = torch.div(eou_frames + subsampling - 2, subsampling, rounding_mode="floor")
+    first = torch.minimum(first, (enc_len - 1)[:, None])  # reachable in every example
+    t = torch.arange(n_frames, device=eou_frames.device)[None, :, None]
+    lo, hi = first[:, None, :], first[:, None, :] + window
+    return is_eou[:, None, :] & ((t < lo) | (t >= hi))
+
+
 class Transducer(nn.Module):
     """ParakeetModel + the training-only CTC head.
 
@@ -145,8 +163,12 @@ class Transducer(nn.Module):
         conv0.weight.copy_(w)
         conv0.bias.copy_(b)
 
-    def forward(self, feats, lengths, targets, target_lengths, ctc_weight: float = 0.3):
-        """feats [B, T, F], lengths [B], targets [B, U], target_lengths [B] -> dict of losses."""
+    def forward(self, feats, lengths, targets, target_lengths, ctc_weight: float = 0.3,
+                eou_frames: torch.Tensor | None = None, eou_window: int = 0):
+        """feats [B, T, F], lengths [B], targets [B, U], target_lengths [B] -> dict of losses.
+
+        `eou_window` > 0: each <EOU> only within that many encoder frames from where its speech
+        ends (`eou_frames` [B, U], see `eou_outside_window`)."""
         m = self.model
         enc, enc_len = fast_encoder_forward(m, feats, lengths, self.raw_conv0())
         enc_len = enc_len.clamp(min=1, max=enc.size(1))
@@ -163,6 +185,9 @@ class Transducer(nn.Module):
         gp = dec.joint.pred(g)  # [B, U+1, J]
         logits = dec.joint(f.unsqueeze(2), gp.unsqueeze(1))  # [B, T, U+1, V]
         blank_lp, label_lp = rnnt_logprobs(logits, targets, self.blank)
+        if eou_window > 0 and eou_frames is not None:
+            late = eou_outside_window(eou_frames, enc_len, enc.size(1), m.cfg.encoder.subsampling_factor, eou_window)
+            label_lp = label_lp.masked_fill(late, float("-inf"))
         rnnt = rnnt_loss_from_logprobs(blank_lp, label_lp, enc_len, target_lengths, reduction="sum") / n_tokens
 
         out = {"rnnt": rnnt}
