@@ -12,6 +12,8 @@ the sentence (a hesitation: no turn should end there). A real server (`parakeet-
 model, float32) receives each recording paced in real time (80 ms packets), several at once.
 Measured per turn, from the end of its speech (the last 10 ms frame above -40 dB of the peak):
 - EndOfTurn latency: wall-clock time until its EndOfTurn arrives;
+- where it was decided: the end of the audio the EndOfTurn covers (its `audio_window_end`), after
+  the end of speech: the model's own timing, which a busy machine does not change;
 - EagerEndOfTurn latency likewise (with `--eager`);
 - false ends: an EndOfTurn from the start of a mid-sentence pause to the end of that sentence's
   speech, over the pauses.
@@ -184,6 +186,10 @@ async def run(args) -> dict:
     return {
         "model": args.model, "recordings": len(records), "turns": turns, "concurrency": args.concurrency, "eager_eot_threshold": args.eager,
         "end_of_turn_ms": percentiles(ends, (50, 95), 1000, 0) | {"ended": len(ends)},
+        # where in the audio each EndOfTurn was decided: the model's own timing, whatever the machine's load
+        "decided_after_speech_ms": percentiles(
+            [t["window_end"] - t["speech_end"] for f in found for t in f["turn_details"] if t["window_end"] is not None],
+            (50, 95), 1000, 0),
         "eager_ms": percentiles(eagers, (50, 95), 1000, 0) | {"sent": len(eagers)},
         "false_ends": sum(f["false_ends"] for f in found), "mid_sentence_pauses": sum(f["pauses"] for f in found),
         "triggers": {t: sum(f["triggers"].count(t) for f in found) for t in ("model", "timeout", "manual")},

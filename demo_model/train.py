@@ -62,7 +62,7 @@ from parakeet_stream.model.config import (
 )
 from parakeet_stream.model.parakeet import ParakeetModel
 from parakeet_stream.model.tokenizer import Tokenizer
-from parakeet_stream.training.data import FeatureSet, collate, plan_epoch, wer
+from parakeet_stream.training.data import FeatureSet, Subset, collate, plan_epoch, wer
 from parakeet_stream.training.export import (
     atomic_write,
     copy_model,
@@ -119,6 +119,19 @@ def ensure_data(data: Path, jobs: int) -> None:
         log("[data] tokenizer missing: running python -m demo_model.tokenizer")
         subprocess.run([sys.executable, "-m", "demo_model.tokenizer", "--data", str(data)],
                        check=True, cwd=ROOT)
+
+
+def train_subset(train: FeatureSet, args) -> FeatureSet | Subset:
+    """The first --train-limit utterances, less the turns of synthesizers not in --turn-synths."""
+    n = len(train) if not args.train_limit else min(args.train_limit, len(train))
+    synths = set(args.turn_synths.split(",")) if args.turn_synths else None
+    keep = [i for i, r in enumerate(train.records[:n])
+            if synths is None or "segments" not in r or r.get("synth", "espeak") in synths]
+    if len(keep) == len(train):
+        return train
+    if len(keep) < n:
+        log(f"[data] {n - len(keep)} turns of other synthesizers than {args.turn_synths} left out")
+    return Subset(train, keep)
 
 
 # --------------------------------------------------------------------------
@@ -335,6 +348,10 @@ def main(argv=None) -> int:
     ap.add_argument("--end-silence", type=float, default=0.0,
                     help="end each example with 0 to this many seconds more of its trailing silence "
                          "(default 0: off), so that the <EOU> cannot wait for the end of the audio")
+    ap.add_argument("--turn-synths", default="",
+                    help="train only on the turns (utterances with pauses inside) of these synthesizers, "
+                         "e.g. espeak (default: every one): flite and festival say each part of a turn as "
+                         "a whole utterance, so their pauses sound like ends")
     ap.add_argument("--eou-window", type=float, default=0.0,
                     help="each <EOU> only within this many seconds of audio after its speech ends "
                          "(default 0: anywhere after its words; 0.24 = 3 encoder frames)")
@@ -376,9 +393,10 @@ def main(argv=None) -> int:
     train = FeatureSet(data, "train", cache, cfg.features, jobs=gov.cores, log=log)
     tests = {name: FeatureSet(data, name, cache, cfg.features, log=log)
              for name in ("test_sentences", "test_voices")}
-    n_train = len(train) if not args.train_limit else min(args.train_limit, len(train))
-    lengths = train.lengths[:n_train]
-    targets = [tok.encode(r["text"]) for r in train.records[:n_train]]
+    train = train_subset(train, args)
+    n_train = len(train)
+    lengths = train.lengths
+    targets = [tok.encode(r["text"]) for r in train.records]
     corpus = json.loads((data / "corpus.json").read_text()) if (data / "corpus.json").exists() else {}
     log(f"[data] train {n_train} utterances, {lengths.sum() / 360000:.1f} h; "
         f"test_sentences {len(tests['test_sentences'])}, test_voices {len(tests['test_voices'])}")

@@ -176,3 +176,26 @@ def test_the_trainer_counts_only_alignments_with_the_eou_in_its_window():
     # a window reaching every frame from the speech's end on keeps the alignments that put the
     # <EOU> there; only the earlier ones go
     assert free <= wide < tight
+
+
+def test_turn_synths_leaves_out_only_the_other_synthesizers_turns():
+    from argparse import Namespace
+
+    from demo_model.train import train_subset
+
+    class Train:  # what train_subset reads of a FeatureSet
+        records = [{"synth": "espeak"}, {"synth": "flite"}, {"synth": "flite", "segments": ["a", "b"]},
+                   {"synth": "espeak", "segments": ["c", "d"]}, {"synth": "festival", "segments": ["e", "f"]}]
+        lengths = np.arange(5) * 10
+
+        def __len__(self):
+            return 5
+
+        def feats(self, i):
+            return np.full((2, 80), i, np.float16)
+
+    kept = train_subset(Train(), Namespace(train_limit=0, turn_synths="espeak"))
+    assert [r["synth"] for r in kept.records] == ["espeak", "flite", "espeak"]
+    assert kept.lengths.tolist() == [0, 10, 30] and kept.feats(2)[0, 0] == 3
+    assert train_subset(Train(), Namespace(train_limit=0, turn_synths="")).__class__ is Train
+    assert len(train_subset(Train(), Namespace(train_limit=3, turn_synths=""))) == 3

@@ -139,6 +139,21 @@ class FeatureSet:
         return float(sum(r["duration"] for r in self.records)) / 3600
 
 
+class Subset:
+    """Some utterances of a FeatureSet, renumbered from 0 (what `collate` and the trainer read)."""
+
+    def __init__(self, fs: FeatureSet, indices: list[int]):
+        self.fs, self.indices = fs, indices
+        self.records = [fs.records[i] for i in indices]
+        self.lengths = fs.lengths[indices]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def feats(self, i: int) -> np.ndarray:
+        return self.fs.feats(self.indices[i])
+
+
 # --------------------------------------------------------------------------
 # Examples and batches
 # --------------------------------------------------------------------------
