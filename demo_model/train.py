@@ -122,15 +122,22 @@ def ensure_data(data: Path, jobs: int) -> None:
 
 
 def train_subset(train: FeatureSet, args) -> FeatureSet | Subset:
-    """The first --train-limit utterances, less the turns of synthesizers not in --turn-synths."""
+    """The first --train-limit utterances, less the turns of synthesizers not in --turn-synths,
+    each turn --turn-repeat times."""
     n = len(train) if not args.train_limit else min(args.train_limit, len(train))
     synths = set(args.turn_synths.split(",")) if args.turn_synths else None
-    keep = [i for i, r in enumerate(train.records[:n])
-            if synths is None or "segments" not in r or r.get("synth", "espeak") in synths]
-    if len(keep) == len(train):
+    keep, left_out = [], 0
+    for i, r in enumerate(train.records[:n]):
+        if "segments" not in r:
+            keep.append(i)
+        elif synths is None or r.get("synth", "espeak") in synths:
+            keep += [i] * args.turn_repeat
+        else:
+            left_out += 1
+    if keep == list(range(len(train))):
         return train
-    if len(keep) < n:
-        log(f"[data] {n - len(keep)} turns of other synthesizers than {args.turn_synths} left out")
+    if left_out:
+        log(f"[data] {left_out} turns of other synthesizers than {args.turn_synths} left out")
     return Subset(train, keep)
 
 
@@ -352,6 +359,8 @@ def main(argv=None) -> int:
                     help="train only on the turns (utterances with pauses inside) of these synthesizers, "
                          "e.g. espeak (default: every one): flite and festival say each part of a turn as "
                          "a whole utterance, so their pauses sound like ends")
+    ap.add_argument("--turn-repeat", type=int, default=1,
+                    help="each turn this many times an epoch (default 1)")
     ap.add_argument("--eou-window", type=float, default=0.0,
                     help="each <EOU> only within this many seconds of audio after its speech ends "
                          "(default 0: anywhere after its words; 0.24 = 3 encoder frames)")

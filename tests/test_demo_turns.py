@@ -194,8 +194,10 @@ def test_turn_synths_leaves_out_only_the_other_synthesizers_turns():
         def feats(self, i):
             return np.full((2, 80), i, np.float16)
 
-    kept = train_subset(Train(), Namespace(train_limit=0, turn_synths="espeak"))
+    kept = train_subset(Train(), Namespace(train_limit=0, turn_synths="espeak", turn_repeat=1))
     assert [r["synth"] for r in kept.records] == ["espeak", "flite", "espeak"]
     assert kept.lengths.tolist() == [0, 10, 30] and kept.feats(2)[0, 0] == 3
-    assert train_subset(Train(), Namespace(train_limit=0, turn_synths="")).__class__ is Train
-    assert len(train_subset(Train(), Namespace(train_limit=3, turn_synths=""))) == 3
+    assert train_subset(Train(), Namespace(train_limit=0, turn_synths="", turn_repeat=1)).__class__ is Train
+    assert len(train_subset(Train(), Namespace(train_limit=3, turn_synths="", turn_repeat=1))) == 3
+    twice = train_subset(Train(), Namespace(train_limit=0, turn_synths="espeak", turn_repeat=2))
+    assert twice.lengths.tolist() == [0, 10, 30, 30]  # the sentences once, the espeak-ng turn twice
