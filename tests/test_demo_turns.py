@@ -184,20 +184,28 @@ def test_turn_synths_leaves_out_only_the_other_synthesizers_turns():
     from demo_model.train import train_subset
 
     class Train:  # what train_subset reads of a FeatureSet
-        records = [{"synth": "espeak"}, {"synth": "flite"}, {"synth": "flite", "segments": ["a", "b"]},
-                   {"synth": "espeak", "segments": ["c", "d"]}, {"synth": "festival", "segments": ["e", "f"]}]
-        lengths = np.arange(5) * 10
+        def __init__(self, records):
+            self.records = records
+            self.lengths = np.arange(len(records)) * 10
 
         def __len__(self):
-            return 5
+            return len(self.records)
 
         def feats(self, i):
             return np.full((2, 80), i, np.float16)
 
-    kept = train_subset(Train(), Namespace(train_limit=0, turn_synths="espeak", turn_repeat=1))
+    train = Train([{"synth": "espeak"}, {"synth": "flite"}, {"synth": "flite", "segments": ["a", "b"]},
+                   {"synth": "espeak", "segments": ["c", "d"]}, {"synth": "festival", "segments": ["e", "f"]}])
+    args = Namespace(train_limit=0, turn_synths="espeak", turn_repeat=1)
+    kept = train_subset(train, args)
     assert [r["synth"] for r in kept.records] == ["espeak", "flite", "espeak"]
     assert kept.lengths.tolist() == [0, 10, 30] and kept.feats(2)[0, 0] == 3
-    assert train_subset(Train(), Namespace(train_limit=0, turn_synths="", turn_repeat=1)).__class__ is Train
-    assert len(train_subset(Train(), Namespace(train_limit=3, turn_synths="", turn_repeat=1))) == 3
-    twice = train_subset(Train(), Namespace(train_limit=0, turn_synths="espeak", turn_repeat=2))
+    assert train_subset(train, Namespace(train_limit=0, turn_synths="", turn_repeat=1)) is train
+    assert len(train_subset(train, Namespace(train_limit=3, turn_synths="", turn_repeat=1))) == 3
+    twice = train_subset(train, Namespace(train_limit=0, turn_synths="espeak", turn_repeat=2))
     assert twice.lengths.tolist() == [0, 10, 30, 30]  # the sentences once, the espeak-ng turn twice
+    # another corpus's turns (not its sentences) join them
+    more = Train([{"synth": "espeak"}, {"synth": "espeak", "segments": ["g", "h"]}])
+    joined = train_subset(train, args, more)
+    assert joined.lengths.tolist() == [0, 10, 30, 10] and joined.feats(3)[0, 0] == 1
+    assert joined.records[3] is more.records[1]

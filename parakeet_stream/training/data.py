@@ -140,18 +140,20 @@ class FeatureSet:
 
 
 class Subset:
-    """Some utterances of a FeatureSet, renumbered from 0 (what `collate` and the trainer read)."""
+    """Some utterances of one or more FeatureSets, renumbered from 0 (what `collate` and the
+    trainer read): `picks` holds (feature set, index) pairs, an utterance may come more than once."""
 
-    def __init__(self, fs: FeatureSet, indices: list[int]):
-        self.fs, self.indices = fs, indices
-        self.records = [fs.records[i] for i in indices]
-        self.lengths = fs.lengths[indices]
+    def __init__(self, picks: list[tuple[FeatureSet, int]]):
+        self.picks = picks
+        self.records = [fs.records[i] for fs, i in picks]
+        self.lengths = np.array([fs.lengths[i] for fs, i in picks], dtype=np.int64)
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return len(self.picks)
 
     def feats(self, i: int) -> np.ndarray:
-        return self.fs.feats(self.indices[i])
+        fs, j = self.picks[i]
+        return fs.feats(j)
 
 
 # --------------------------------------------------------------------------
