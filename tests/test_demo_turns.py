@@ -141,9 +141,9 @@ def test_speech_end_is_the_frame_after_the_last_one_above_the_noise():
     assert speech_end(speech(0, 50, 70, floor=-5.0)) == 50  # no lead-in silence, a louder floor
     assert speech_end(speech(0, 60, 0, floor=-15.0)) == 60  # speech to the last frame
     quiet_tail = speech(20, 50, 40, floor=-15.0)
-    quiet_tail[60:70] -= 17 * DB  # the last word 17 dB softer: 13 dB above the noise, still speech
+    quiet_tail[60:70] -= 20 * DB  # the last word 20 dB softer: 10 dB above the noise, still speech
     assert speech_end(quiet_tail) == 70
-    quiet_tail[60:70] -= 10 * DB  # 3 dB above the noise: not speech
+    quiet_tail[60:70] -= 8 * DB  # 2 dB above the noise: not speech
     assert speech_end(quiet_tail) == 60
     quiet_tail[90:92] += 35 * DB  # a click: too short for speech
     assert speech_end(quiet_tail) == 60

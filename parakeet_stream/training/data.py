@@ -213,12 +213,13 @@ def _silence(prev: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     return tail[rng.integers(0, len(tail), n)]
 
 
-def speech_end(x: np.ndarray, range_db: float = 40.0, floor_db: float = 10.0, shortest: int = 3) -> int:
+def speech_end(x: np.ndarray, range_db: float = 40.0, floor_db: float = 6.0, shortest: int = 3) -> int:
     """The feature frame just after the last frame of speech in log-mel `x` [T, F].
 
-    Speech: runs of at least `shortest` frames within `range_db` of the loudest and `floor_db`
-    above the noise floor (the 10th percentile of the frames' power), so that the corpus's added
-    noise (20-45 dB under the speech) and a synthesizer's click at the end are not speech.
+    Speech: runs of at least `shortest` frames within `range_db` of the loudest (where
+    `benchmarks.turns` puts the end of speech) and `floor_db` above the noise floor (the 10th
+    percentile of the frames' power), so that the corpus's added noise (20-45 dB under the speech)
+    and a synthesizer's click at the end are not speech.
     """
     power = np.logaddexp.reduce(np.asarray(x, np.float64), axis=1)  # log of each frame's mel power
     peak = power.max()
