@@ -204,7 +204,7 @@ def warp_text(args: dict) -> str:
 
 def eou_text(args: dict) -> str:
     window = args.get("eou_window", 0)
-    return (f" Each `<EOU>` only within {window:g} s of audio after its speech ends (the last frame 10 dB over "
+    return (f" Each `<EOU>` only within {window:g} s of audio after its speech ends (its last frame within 40 dB of the loudest and 6 dB over "
             f"the noise floor), so that the model learns to say when a turn ends, not to wait." if window else "")
 
 
