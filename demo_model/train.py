@@ -204,8 +204,9 @@ def warp_text(args: dict) -> str:
 
 def eou_text(args: dict) -> str:
     window = args.get("eou_window", 0)
-    return (f" Each `<EOU>` only within {window:g} s of audio after its speech ends (its last frame within 40 dB of the loudest and 6 dB over "
-            f"the noise floor), so that the model learns to say when a turn ends, not to wait." if window else "")
+    return (f" Each `<EOU>` only within {window:g} s of audio after its speech ends (its last frame within "
+            f"40 dB of the loudest and 6 dB over the noise floor), so that the model learns to say when a "
+            f"turn ends, not to wait." if window else "")
 
 
 def cooldown_text(args: dict) -> str:
