@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from benchmarks.turns import EARLY, GAP, recordings
+from parakeet_stream.model.errors import ModelNotFound
 from parakeet_stream.model.loading import load_model
 
 FRAME = 0.08  # seconds of audio per encoder frame
@@ -78,7 +79,10 @@ def main() -> None:
     parser.add_argument("--model", default="demo", help="a model name or folder with <EOU> in its vocabulary")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model = load_model(args.model).eval()
+    try:
+        model = load_model(args.model).eval()
+    except (ModelNotFound, OSError) as exc:
+        raise SystemExit(f"--model {args.model}: {exc}") from None
     if getattr(model.tokenizer, "eou_id", None) is None:
         raise SystemExit(f"{args.model} has no <EOU> label")
     pauses, ends = [], []

@@ -80,6 +80,8 @@ from parakeet_stream.training.schedule import learning_rate
 from parakeet_stream.training.threads import ThreadGovernor
 
 COMMAND = "python -m demo_model.train"
+SUBSAMPLING = 8
+ENCODER_FRAME_S = SUBSAMPLING / 100  # feature frames are 10 ms
 
 
 def log(msg: str) -> None:
@@ -90,7 +92,7 @@ def model_config(vocab: int, args) -> ModelConfig:
     return ModelConfig(
         FeatureConfig(n_mels=80),
         EncoderConfig(feat_in=80, n_layers=args.layers, d_model=args.d_model, n_heads=4, ff_expansion=4,
-                      subsampling_factor=8, subsampling_channels=args.d_model, conv_kernel_size=9,
+                      subsampling_factor=SUBSAMPLING, subsampling_channels=args.d_model, conv_kernel_size=9,
                       xscaling=False, use_bias=True, att_context_sizes=((70, 1),)),
         DecoderConfig(num_classes=vocab, pred_hidden=256, pred_rnn_layers=1, joint_hidden=320, max_symbols=10),
     )
@@ -390,6 +392,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ema", type=float, default=0.998)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
+    if args.turn_repeat < 1:
+        sys.exit(f"--turn-repeat {args.turn_repeat}: must be at least 1")
+    if args.eou_window < 0 or 0 < args.eou_window < ENCODER_FRAME_S / 2:
+        sys.exit(f"--eou-window {args.eou_window:g}: 0 (off) or at least one encoder frame ({ENCODER_FRAME_S:g} s)")
+    if args.turns_from and not (Path(args.turns_from) / "train.jsonl").exists():
+        sys.exit(f"--turns-from {args.turns_from}: no train.jsonl there (make one with python -m demo_model.data)")
     if not 0 <= args.freq_warp < 0.5:
         sys.exit(f"--freq-warp {args.freq_warp}: must be at least 0 (off) and below 0.5")
     if args.cooldown_minutes and not 0 < args.cooldown_minutes <= args.minutes:
@@ -453,10 +461,7 @@ def main(argv=None) -> int:
     st = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "train_seconds": 0.0, "audio_seconds": 0.0,
           "best_wer": float("inf"), "history": [], "args": vars(args), "ema_updates": 0,
           "started": datetime.now().isoformat(timespec="seconds")}
-    frame_s = cfg.encoder.subsampling_factor / 100
-    eou_window = round(args.eou_window / frame_s)
-    if args.eou_window and eou_window < 1:
-        sys.exit(f"--eou-window {args.eou_window:g}: at least one encoder frame ({frame_s:g} s)")
+    eou_window = round(args.eou_window / ENCODER_FRAME_S)
     ckpt = work / "last.pt"
     aug_rng = np.random.default_rng(args.seed + 12345)
     if args.init and not ckpt.exists():

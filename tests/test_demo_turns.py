@@ -209,3 +209,16 @@ def test_turn_synths_leaves_out_only_the_other_synthesizers_turns():
     joined = train_subset(train, args, more)
     assert joined.lengths.tolist() == [0, 10, 30, 10] and joined.feats(3)[0, 0] == 1
     assert joined.records[3] is more.records[1]
+
+
+@pytest.mark.parametrize("flag,value,said", [("--turn-repeat", "0", "at least 1"),
+                                             ("--eou-window", "0.01", "at least one encoder frame"),
+                                             ("--eou-window", "-1", "0 (off)"),
+                                             ("--turns-from", "/nonexistent", "no train.jsonl")])
+def test_the_trainer_refuses_bad_turn_options_before_building_anything(tmp_path, flag, value, said):
+    from demo_model.train import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["--data", str(tmp_path / "corpus"), flag, value, "--nice", "0"])
+    assert said in str(refused.value) and flag in str(refused.value)
+    assert not (tmp_path / "corpus").exists()  # no corpus build started
