@@ -21,6 +21,7 @@ from test_greedy import random_decoder
 
 from parakeet_stream.model.greedy import GreedyPass, eou_probabilities, unpack_scored
 from parakeet_stream.server.streams.words import WordTracker, transcript_confidence, word_confidence
+from parakeet_stream.training.data import aligned_right
 
 # Measured on the shipped demo model, streaming, the 40 sentences of tests/fixtures/demo_sentences.json:
 # 259 right words, mean confidence 0.887; 50 wrong ones, mean 0.619 (a gap of 0.27). The bar keeps
@@ -105,25 +106,6 @@ def test_a_word_takes_its_lowest_token_a_transcript_the_mean_of_its_words():
     assert word_confidence([(1, 0.0, 0.9), (2, 0.1, 0.4), (3, 0.2, 0.7)]) == 0.4
     words = [{"confidence": 0.4}, {"confidence": 0.8}, {"confidence": 0.9}]
     assert transcript_confidence(words) == pytest.approx(0.7) and transcript_confidence([]) == 0.0
-
-
-def aligned_right(ref: list[str], hyp: list[str]) -> list[bool]:
-    """For each hypothesis word: is it aligned to an equal reference word (a minimum edit alignment)?"""
-    cost = np.zeros((len(ref) + 1, len(hyp) + 1), dtype=int)
-    cost[:, 0], cost[0, :] = range(len(ref) + 1), range(len(hyp) + 1)
-    for i in range(1, len(ref) + 1):
-        for j in range(1, len(hyp) + 1):
-            cost[i, j] = min(cost[i - 1, j] + 1, cost[i, j - 1] + 1, cost[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]))
-    right, i, j = [False] * len(hyp), len(ref), len(hyp)
-    while j > 0:
-        if i > 0 and cost[i, j] == cost[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]):
-            right[j - 1] = ref[i - 1] == hyp[j - 1]
-            i, j = i - 1, j - 1
-        elif cost[i, j] == cost[i, j - 1] + 1:
-            j -= 1  # an inserted word: wrong
-        else:
-            i -= 1
-    return right
 
 
 def test_alignment_marks_substitutions_and_insertions_wrong():

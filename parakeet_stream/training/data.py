@@ -357,6 +357,25 @@ def edit_distance(a: list[str], b: list[str]) -> int:
     return prev[-1]
 
 
+def aligned_right(ref: list[str], hyp: list[str]) -> list[bool]:
+    """For each hypothesis word: is it aligned to an equal reference word (a minimum edit alignment)?"""
+    cost = np.zeros((len(ref) + 1, len(hyp) + 1), dtype=int)
+    cost[:, 0], cost[0, :] = range(len(ref) + 1), range(len(hyp) + 1)
+    for i in range(1, len(ref) + 1):
+        for j in range(1, len(hyp) + 1):
+            cost[i, j] = min(cost[i - 1, j] + 1, cost[i, j - 1] + 1, cost[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]))
+    right, i, j = [False] * len(hyp), len(ref), len(hyp)
+    while j > 0:
+        if i > 0 and cost[i, j] == cost[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]):
+            right[j - 1] = ref[i - 1] == hyp[j - 1]
+            i, j = i - 1, j - 1
+        elif cost[i, j] == cost[i, j - 1] + 1:
+            j -= 1  # an inserted word: wrong
+        else:
+            i -= 1
+    return right
+
+
 def wer(refs: list[str], hyps: list[str]) -> float:
     """Corpus word error rate (total word edits / total reference words)."""
     errors = sum(edit_distance(r.split(), h.split()) for r, h in zip(refs, hyps))

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F
 
+from ..model.greedy import GreedyPass, unpack_scored
 from ..model.parakeet import ParakeetModel
 from ..model.subsampling import CausalConv2d, CausalSubsampling
 from .rnnt_loss import rnnt_logprobs, rnnt_loss_from_logprobs
@@ -203,11 +204,13 @@ class Transducer(nn.Module):
 
 
 @torch.no_grad()
-def transcribe_offline(model: ParakeetModel, feats: list[torch.Tensor], batch_frames: int = 20000):
-    """Greedy transcripts (token id lists, blanks removed) of whole utterances' features."""
+def decode_offline(model: ParakeetModel, feats: list[torch.Tensor], batch_frames: int = 20000
+                   ) -> list[list[tuple[int, int, float]]]:
+    """Greedy labels of whole utterances' features: (token id, encoder frame, its probability) per
+    label, blanks removed (the same labels and confidences as streaming)."""
     model.eval()
     order = sorted(range(len(feats)), key=lambda i: feats[i].shape[0])
-    out: list[list[int]] = [[] for _ in feats]
+    out: list[list[tuple[int, int, float]]] = [[] for _ in feats]
     i = 0
     while i < len(order):
         longest = feats[order[i]].shape[0]
@@ -220,10 +223,14 @@ def transcribe_offline(model: ParakeetModel, feats: list[torch.Tensor], batch_fr
         x = torch.zeros(len(idx), longest, feats[idx[0]].shape[1])
         for k, n in enumerate(idx):
             x[k, : feats[n].shape[0]] = feats[n]
-        lens = torch.tensor([feats[n].shape[0] for n in idx])
-        enc, enc_len = model.encoder(x, lens)
-        emission, _ = model.decoder.decode(enc, enc_len, model.decoder.initial_state(len(idx)))
-        for k, toks in enumerate(emission.per_stream(len(idx))):
-            out[idx[k]] = [t for t, _ in toks]
+        enc, enc_len = model.encoder(x, torch.tensor([feats[n].shape[0] for n in idx]))
+        done = GreedyPass(model.decoder, enc, enc_len, model.decoder.initial_state(len(idx))).run()
+        for k, labels in enumerate(unpack_scored(done.scored().numpy())):
+            out[idx[k]] = labels
         i = j
     return out
+
+
+def transcribe_offline(model: ParakeetModel, feats: list[torch.Tensor], batch_frames: int = 20000):
+    """Greedy transcripts (token id lists, blanks removed) of whole utterances' features."""
+    return [[token for token, _, _ in labels] for labels in decode_offline(model, feats, batch_frames)]

@@ -96,12 +96,12 @@ class WordTracker:
 
 def timed_words(info: EngineInfo, tokens: list[TimedToken], limit: float) -> list[dict]:
     """The words of text tokens (e.g. one utterance's), all complete, the last one cut at `limit`."""
-    return time_groups(info, group_words(info, tokens), limit)
+    return time_groups(info, group_words(info.tokenizer, tokens), limit)
 
 
-def group_words(info: EngineInfo, tokens: list[TimedToken]) -> list[list[TimedToken]]:
+def group_words(tokenizer: Tokenizer, tokens: list[TimedToken]) -> list[list[TimedToken]]:
     """Text tokens split into words (a group per word)."""
-    return _group(pieces(info.tokenizer), tokens)
+    return _group(pieces(tokenizer), tokens)
 
 
 def time_groups(info: EngineInfo, groups: list[list[TimedToken]], limit: float) -> list[dict]:

@@ -73,7 +73,7 @@ class Transcript:
         text = self._decode(tokens)
         if not text:
             return []
-        words = time_groups(self._info, group_words(self._info, tokens), processed)
+        words = time_groups(self._info, group_words(self._info.tokenizer, tokens), processed)
         if self._speakers is not None:
             self._speakers.label(words)
         alternative = rasr.SpeechRecognitionAlternative(
