@@ -33,6 +33,8 @@ from parakeet_stream.engine.phrases import MAX_PHRASE_TOKENS, PhraseError
 from parakeet_stream.server import ServerConfig, ServerContext, serve
 
 TIMEOUT = 10
+# what tests pin of the bundled demo model, measured from it by tests/fixtures/make_demo_pins.py
+DEMO_PINS = Path(__file__).parent / "fixtures" / "demo_pins.json"
 # the engine's stats that move with timing, for comparing the rest exactly (the audio counted, the
 # live streams' backlog at the last plan: checked on their own)
 MOVING = {"audio_seconds": 0, "streams_behind": 0, "longest_backlog_chunks": 0, "oldest_chunk_wait_s": 0}
@@ -79,6 +81,10 @@ def collect_until_final(engine: ASREngine, sid: int, timeout: float = 60.0) -> l
 
 def tokens_of(results: list[StreamResult]) -> list[int]:
     return [t for r in results for t in r.token_ids]
+
+
+def demo_pins() -> dict:
+    return orjson.loads(DEMO_PINS.read_bytes())
 
 
 def run_stream(engine: ASREngine, audio: np.ndarray, lookahead=None, packet: int = 2560,

@@ -7,6 +7,7 @@ and their words must be the native protocol's for the same audio."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import trio
-from helpers import Raw, refused_handshake, running_server, transcribe_raw, url
+from helpers import Raw, demo_pins, refused_handshake, running_server, transcribe_raw, url
 
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine
+from parakeet_stream.server.protocols.flux_turns import FIRMING
 
 pytest.importorskip("deepgram")
 from deepgram import DeepgramClient  # noqa: E402
@@ -127,7 +129,7 @@ async def test_turns_end_at_the_models_end_of_utterance_with_the_native_words(en
     audio = spoken(wavs, "pause")  # two sentences, 1.5 s apart
     async with running_server(engine) as ctx:
         expected = await native_words(ctx, audio)
-        messages = await in_thread(run_sdk(ctx, send(audio), eager_eot_threshold="0.3"))
+        messages = await in_thread(run_sdk(ctx, send(audio), eager_eot_threshold=str(eager_threshold())))
     assert messages[0]["type"] == "Connected" and messages[0]["request_id"]
     assert [m["sequence_id"] for m in messages] == list(range(len(messages)))
     assert all(m["type"] in ("Connected", "TurnInfo") for m in messages)
@@ -143,13 +145,20 @@ async def test_turns_end_at_the_models_end_of_utterance_with_the_native_words(en
     for turn in found:
         eager = [m for m in turn if m["event"] == "EagerEndOfTurn"]
         assert len(eager) == 1 and eager[0]["transcript"] == turn[-1]["transcript"], turn
-    # the model's <EOU> probability rises before it writes it: on the first turn, a chunk earlier (0.36)
+    # the model's <EOU> probability rises before it writes it: on the first turn, a chunk earlier
     first = next(m for m in found[0] if m["event"] == "EagerEndOfTurn")
-    assert 0.3 <= first["end_of_turn_confidence"] < 0.7 and first["audio_window_end"] < found[0][-1]["audio_window_end"]
+    assert eager_threshold() <= first["end_of_turn_confidence"] < 0.7
+    assert first["audio_window_end"] < found[0][-1]["audio_window_end"]
+
+
+def eager_threshold() -> float:
+    """Under the highest <EOU> probability the bundled model gives after the first sentence of pause.wav
+    before the chunk where it writes <EOU> (tests/fixtures/demo_pins.json), in Flux's steps of 0.05."""
+    return math.floor(demo_pins()["eou"]["pause_rise"] * 20) / 20
 
 
 async def test_an_unsure_end_firms_up_in_the_silence_after_it(engine, wavs):
-    audio = spoken(wavs, "sentence")  # the model writes <EOU> here with 0.78
+    audio = spoken(wavs, "sentence")  # the model writes <EOU> here under 0.9 (demo_pins.json)
     async with running_server(engine) as ctx:
         expected = await native_words(ctx, audio)
         strict_turns = await in_thread(run_sdk(ctx, send(audio), eot_threshold="0.9"))
@@ -159,8 +168,12 @@ async def test_an_unsure_end_firms_up_in_the_silence_after_it(engine, wavs):
         check_order(turn)
         assert turn[-1]["trigger"] == "model" and turn[-1]["transcript"] == expected
     assert 0.7 <= default_turn[-1]["end_of_turn_confidence"] < 0.9 <= strict_turn[-1]["end_of_turn_confidence"]
-    # (0.9 - 0.78) / (1 - 0.78) of the firming half second later, rounded up to a chunk
-    assert strict_turn[-1]["audio_window_end"] - default_turn[-1]["audio_window_end"] >= 0.25
+    # each ends once the written probability p has firmed up to its threshold: (threshold - p) / (1 - p)
+    # of FIRMING after the <EOU>, at the first chunk past it (so the default's end comes up to a chunk late)
+    p = demo_pins()["eou"]["sentence_written"]
+    firmed = lambda threshold: max(0.0, threshold - p) / (1 - p) * FIRMING  # noqa: E731
+    late = engine.chunk_seconds() if p < 0.7 else 0.0
+    assert strict_turn[-1]["audio_window_end"] - default_turn[-1]["audio_window_end"] >= firmed(0.9) - firmed(0.7) - late
 
 
 async def test_configure_changes_thresholds_mid_stream_and_refuses_what_it_cannot(engine, wavs):
