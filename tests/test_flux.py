@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import trio
 from helpers import Raw, demo_pins, refused_handshake, running_server, transcribe_raw, url
 
+from demo_model.speech import synth
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.server.protocols.flux_turns import FIRMING
@@ -174,6 +176,22 @@ async def test_an_unsure_end_firms_up_in_the_silence_after_it(engine, wavs):
     firmed = lambda threshold: max(0.0, threshold - p) / (1 - p) * FIRMING  # noqa: E731
     late = engine.chunk_seconds() if p < 0.7 else 0.0
     assert strict_turn[-1]["audio_window_end"] - default_turn[-1]["audio_window_end"] >= firmed(0.9) - firmed(0.7) - late
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed (scripts/test.sh installs it)")
+async def test_a_hesitation_where_the_sentence_cannot_end_keeps_the_turn(engine):
+    """The demo model writes <EOU> in the pause after "please send it to the" as after any pause; the
+    words so far cannot end a sentence, so the turn goes on, and ends after "office today"."""
+    said = {"text": '<speak>please send it to the <break time="800ms"/> office today</speak>', "voice": "en-us",
+            "variant": "default", "speed": 160, "pitch": 50}
+    audio = np.concatenate([synth(said, seed=1), np.zeros(int(TAIL * RATE), np.float32)])
+    async with running_server(engine) as ctx:
+        messages = await in_thread(run_sdk(ctx, send(audio), eager_eot_threshold="0.5"))
+    (turn,) = turns(messages)
+    check_order(turn)
+    assert turn[-1]["trigger"] == "model" and turn[-1]["transcript"] == "please send it to the office today"
+    assert [m["event"] for m in turn].count("EagerEndOfTurn") == 1  # none in the pause
+    assert turn[-1]["audio_window_end"] < len(audio) / RATE - 0.5  # when the model said so, not at the close
 
 
 async def test_configure_changes_thresholds_mid_stream_and_refuses_what_it_cannot(engine, wavs):

@@ -1,11 +1,13 @@
 """The decisions behind Deepgram Flux's turn events (server/protocols/flux_turns.py), stretch by
 stretch: when a turn starts, when the model's <EOU> probability, firmed by the silence after it,
-ends it, eager ends and resumptions, the timeout and the client's own end."""
+ends it, eager ends and resumptions, the timeout and the client's own end, and the hold where the
+words so far cannot end a sentence."""
 from __future__ import annotations
 
 import pytest
 
-from parakeet_stream.server.protocols.flux_turns import FIRMING, Thresholds, TurnTaking
+from parakeet_stream.sentence_ends import end_chance
+from parakeet_stream.server.protocols.flux_turns import FIRMING, HOLD, UNFINISHED, Thresholds, TurnTaking
 
 
 def names(events) -> list[str]:
@@ -63,3 +65,31 @@ def test_the_clients_end_ends_a_started_turn_only():
     turns.follow(0.5, 0.0, None, 0.64)
     (end,) = turns.end(0.8, "manual")
     assert end.name == "EndOfTurn" and end.trigger == "manual" and turns.end(0.9, "manual") == []
+
+
+def test_a_pause_where_the_sentence_cannot_end_does_not_end_the_turn():
+    """"send it to the": the model's sure <EOU> in the pause is held over HOLD seconds of silence."""
+    turns = TurnTaking(Thresholds(eager_eot_threshold=0.5))
+    turns.follow(0.5, 0.0, None, 0.64, "send it to the")
+    assert names(turns.follow(None, 0.97, 1.0, 1.04)) == ["Update"]  # at once without the hold
+    assert turns.confidence(1.04) == pytest.approx((0.97 + 0.03 * 0.04 / FIRMING) * (1.04 - 0.5) / HOLD)
+    assert names(turns.follow(1.4, 0.0, None, 1.52, "send it to the office")) == ["Update"]  # the speaker goes on
+    end = turns.follow(None, 0.97, 1.6, 1.6)
+    assert names(end) == ["EagerEndOfTurn", "EndOfTurn"] and end[-1].confidence == pytest.approx(0.97)
+
+
+def test_an_unfinished_turn_left_hanging_ends_when_its_silence_has_lasted():
+    turns = TurnTaking(Thresholds())
+    turns.follow(0.5, 0.0, None, 0.64, "i think that")
+    turns.follow(None, 0.9, 0.7, 0.72)
+    at = 0.5 + 0.7 * HOLD  # firmed to 1 long before: 0.7 of HOLD after the last word
+    assert names(turns.follow(None, 0.0, None, at - 0.04)) == ["Update"]
+    end = turns.follow(None, 0.0, None, at + 0.04)
+    assert names(end) == ["EndOfTurn"] and end[0].trigger == "model"
+
+
+@pytest.mark.parametrize("text, unfinished", [("send it to the", True), ("i think that", True), ("and", True),
+                                              ("send it to the office", False), ("Send it to the.", False),
+                                              ("yes", False), ("", False)])
+def test_only_words_a_sentence_cannot_end_with_hold_the_turn(text, unfinished):
+    assert (end_chance(text) < UNFINISHED) == unfinished

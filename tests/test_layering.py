@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "parakeet_stream"
 
 # lowest first: a layer may import its own and the lower ones only
 LAYERS = [
-    {"arguments", "audio", "host", "client", "subtitles", "text"},
+    {"arguments", "audio", "host", "client", "sentence_ends", "subtitles", "text"},
     {"model"},
     {"engine", "training"},
     {"server"},

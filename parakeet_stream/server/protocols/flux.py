@@ -147,6 +147,7 @@ class FluxSession(Session):
         self._pieces = pieces(self.info.tokenizer)
         self.turns = TurnTaking(options.thresholds)
         self._turn_words: list[dict] = []  # the complete words of the turn in progress
+        self._turn_tokens: list[int] = []  # its text tokens, the last word's too
         self._closing = False
         self._manual = False  # the segment ends for ForceEndTurn
 
@@ -216,9 +217,12 @@ class FluxSession(Session):
     def on_result(self, segment: Segment, result: StreamResult) -> None:
         now = segment.heard_until(result)
         for part, p, written in self._parts(result):
-            words = [segment.offset + t for token, t in zip(part.token_ids, part.token_times) if token in self._pieces.text]
-            events = self.turns.follow(words[-1] if words else None, p,
-                                       None if written is None else segment.offset + written, now)
+            text = [(token, segment.offset + t) for token, t in zip(part.token_ids, part.token_times)
+                    if token in self._pieces.text]
+            self._turn_tokens += [token for token, _ in text]
+            events = self.turns.follow(text[-1][1] if text else None, p,
+                                       None if written is None else segment.offset + written, now,
+                                       self._pieces.decode(self._turn_tokens) if text else "")
             ends = any(event.name == "EndOfTurn" for event in events)
             self._turn_words += self._words.update(part, now, close=ends, offset=segment.offset)
             self._post(events, now)
@@ -260,7 +264,7 @@ class FluxSession(Session):
             }
             if event.trigger is not None:
                 message["trigger"] = event.trigger
-                self._turn_words, self._words = [], WordTracker(self.info)
+                self._turn_words, self._turn_tokens, self._words = [], [], WordTracker(self.info)
             self._send(message)
 
     def error_message(self, code: str, message: str) -> dict:

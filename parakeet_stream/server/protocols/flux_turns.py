@@ -8,12 +8,22 @@ does not wait for the timeout, and words before FIRMING passed take it back). On
 `<EOU>` the probability is the engine's trailing silence as a share of its endpoint silence.
 The turn ends once the confidence reaches `eot_threshold` (trigger `model`) or `eot_timeout_ms` of
 audio passed since its last word (`timeout`); `end` ends it on the client's word (`manual`).
+
+Where the words so far cannot end a sentence ("i'd like a table for", "send it to the": fewer than
+UNFINISHED of written sentences end there, sentence_ends.py), the speaker is looking for the next word,
+not done: the confidence is scaled by the silence since the last word over HOLD seconds, so a turn
+left hanging still ends (at a confidence of 1, after 0.7 x HOLD of silence at the default threshold),
+and a hesitation there does not end it, whatever the model says of the pause.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...sentence_ends import end_chance
+
 FIRMING = 0.5  # seconds of silence after the model's <EOU> that take its confidence to 1
+UNFINISHED = 0.005  # a turn whose words end a sentence less often than this waits for more
+HOLD = 2.0  # seconds of silence after an unfinished turn's last word that take its confidence to full
 
 
 @dataclass
@@ -41,6 +51,7 @@ class Turn:
     seen: float = 0.0  # the highest <EOU> probability since the last word
     written: tuple[float, float] | None = None  # the model's <EOU> since the last word: (when, its probability)
     last_word: float = 0.0
+    unfinished: bool = False  # its words so far cannot end a sentence
 
 
 class TurnTaking:
@@ -48,14 +59,15 @@ class TurnTaking:
         self.thresholds = thresholds
         self.turn = Turn()
 
-    def follow(self, last_word: float | None, p: float, written: float | None, now: float) -> list[Event]:
+    def follow(self, last_word: float | None, p: float, written: float | None, now: float, text: str = "") -> list[Event]:
         """One stretch of results up to `now` (connection seconds): `last_word` its last word's time
         (None: no word), `p` the <EOU> probability at its end, `written` when the model wrote the
-        <EOU> that ends it (None: none). The events it causes, in order."""
+        <EOU> that ends it (None: none), `text` the turn's words up to it. The events it causes, in order."""
         turn, thresholds, events = self.turn, self.thresholds, []
         if last_word is not None:
             name = "Update" if turn.started and not turn.eager else "TurnResumed" if turn.started else "StartOfTurn"
             turn.started, turn.eager, turn.seen, turn.written, turn.last_word = True, False, p, None, last_word
+            turn.unfinished = end_chance(text) < UNFINISHED
             events.append(name)
         turn.seen = max(turn.seen, p)
         if written is not None:
@@ -91,7 +103,10 @@ class TurnTaking:
 
     @staticmethod
     def _confidence(turn: Turn, now: float) -> float:
-        if turn.written is None:
-            return turn.seen
-        at, p = turn.written
-        return max(turn.seen, p + (1 - p) * min(1.0, max(0.0, now - at) / FIRMING))
+        confidence = turn.seen
+        if turn.written is not None:
+            at, p = turn.written
+            confidence = max(confidence, p + (1 - p) * min(1.0, max(0.0, now - at) / FIRMING))
+        if turn.unfinished:
+            confidence *= min(1.0, max(0.0, now - turn.last_word) / HOLD)
+        return confidence

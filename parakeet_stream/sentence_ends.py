@@ -1,0 +1,49 @@
+"""Whether English words so far can end a sentence: the chance, read off counts of how often written
+sentences end after the same last words (Debian's `fortunes`, counted by demo_model/sentence_ends.py
+into data/sentence_ends.json.gz).
+
+The turn-taking (server/protocols/flux_turns.py) asks it whether a pause comes where a sentence
+cannot end ("i'd like a table for", "send it to the"): there a speaker is searching for the next
+word, so the turn waits longer for them. The chance backs off from the last three words to the last
+two, the last one and no word at all, each step shrunk toward the one before by SHRINK counts
+(absolute counts are few: 32,000 sentences), so a rare context says little. Words are lower case,
+with the punctuation a model writes taken off; text ending in '.', '?' or '!' is a sentence's end.
+"""
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import re
+from pathlib import Path
+
+TABLE = Path(__file__).parent / "data" / "sentence_ends.json.gz"
+SHRINK = 2.0  # pseudo-counts toward the shorter context's chance
+ORDER = 3  # words of context, at most
+START = "<s>"  # before a sentence's first word
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)*")
+
+
+@functools.cache
+def _table() -> tuple[float, dict[str, tuple[int, int]]]:
+    data = json.loads(gzip.decompress(TABLE.read_bytes()))
+    return data["base"], {context: (ends, total) for context, (ends, total) in data["contexts"].items()}
+
+
+def words_of(text: str) -> list[str]:
+    return _WORD.findall(text.lower().replace("\u2019", "'"))
+
+
+def end_chance(text: str) -> float:
+    """The chance that a sentence ends after `text` (1.0 where it ends in '.', '?' or '!')."""
+    if text.rstrip().endswith((".", "?", "!")):
+        return 1.0
+    base, contexts = _table()
+    padded = [START] * (ORDER - 1) + words_of(text)
+    chance = base
+    for n in range(1, ORDER + 1):
+        ends, total = contexts.get(" ".join(padded[-n:]), (0, 0))
+        if not total:
+            break
+        chance = (ends + SHRINK * chance) / (total + SHRINK)
+    return chance
