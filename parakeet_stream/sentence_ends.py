@@ -2,8 +2,8 @@
 sentences end after the same last words (Debian's `fortunes`, counted by demo_model/sentence_ends.py
 into data/sentence_ends.json.gz).
 
-The turn-taking (server/protocols/flux_turns.py) asks it whether a pause comes where a sentence
-cannot end ("i'd like a table for", "send it to the"): there a speaker is searching for the next
+The turn-taking (server/protocols/flux_turns.py, and openai_realtime.py's `semantic_vad`) asks it
+whether a pause comes where a sentence cannot end ("i'd like a table for", "send it to the"): there a speaker is searching for the next
 word, so the turn waits longer for them. The chance backs off from the last three words to the last
 two, the last one and no word at all, each step shrunk toward the one before by SHRINK counts
 (absolute counts are few: 32,000 sentences), so a rare context says little. Words are lower case,
@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 TABLE = Path(__file__).parent / "data" / "sentence_ends.json.gz"
+UNFINISHED = 0.005  # words after which fewer sentences than this end cannot end one (a speaker goes on)
 SHRINK = 2.0  # pseudo-counts toward the shorter context's chance
 ORDER = 3  # words of context, at most
 START = "<s>"  # before a sentence's first word
@@ -47,3 +48,8 @@ def end_chance(text: str) -> float:
             break
         chance = (ends + SHRINK * chance) / (total + SHRINK)
     return chance
+
+
+def unfinished(text: str) -> bool:
+    """Whether a speaker who stopped after `text` is most likely looking for the next word."""
+    return end_chance(text) < UNFINISHED

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from parakeet_stream.sentence_ends import end_chance
-from parakeet_stream.server.protocols.flux_turns import FIRMING, HOLD, UNFINISHED, Thresholds, TurnTaking
+from parakeet_stream.sentence_ends import unfinished
+from parakeet_stream.server.protocols.flux_turns import FIRMING, HOLD, Thresholds, TurnTaking
 
 
 def names(events) -> list[str]:
@@ -88,8 +88,8 @@ def test_an_unfinished_turn_left_hanging_ends_when_its_silence_has_lasted():
     assert names(end) == ["EndOfTurn"] and end[0].trigger == "model"
 
 
-@pytest.mark.parametrize("text, unfinished", [("send it to the", True), ("i think that", True), ("and", True),
+@pytest.mark.parametrize("text, held", [("send it to the", True), ("i think that", True), ("and", True),
                                               ("send it to the office", False), ("Send it to the.", False),
                                               ("yes", False), ("", False)])
-def test_only_words_a_sentence_cannot_end_with_hold_the_turn(text, unfinished):
-    assert (end_chance(text) < UNFINISHED) == unfinished
+def test_only_words_a_sentence_cannot_end_with_hold_the_turn(text, held):
+    assert unfinished(text) == held

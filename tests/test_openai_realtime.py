@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from helpers import (
     url,
 )
 
+from demo_model.speech import synth
 from parakeet_stream.client import encode_audio
 from parakeet_stream.engine import ASREngine
 from parakeet_stream.server.streams.wire import ALAW, MULAW
@@ -228,6 +230,32 @@ async def test_server_vad_ends_items_at_the_end_of_utterance(demo_engine, wavs):
     assert started[0] < stopped[0] <= started[1] < stopped[1] <= len(pcm) / 2 / RATE * 1000
     committed = [e for e in events if e["type"] == "input_audio_buffer.committed"]
     assert [e["previous_item_id"] for e in committed] == [None, first]
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed (scripts/test.sh installs it)")
+@pytest.mark.parametrize("eagerness", ["low", None])  # high: an item ends after 0.7 s of silence
+async def test_semantic_vad_waits_where_the_words_cannot_end_a_sentence(demo_engine, eagerness):
+    """The demo model ends the utterance in the pause after "please send it to the" (server_vad: an
+    item there); semantic_vad keeps the item open for the rest of the sentence."""
+    said = {"text": '<speak>please send it to the <break time="800ms"/> office today</speak>', "voice": "en-us",
+            "variant": "default", "speed": 160, "pitch": 50}
+    pcm = encode_audio(at_rate(np.concatenate([synth(said, seed=1), np.zeros(24000, np.float32)]), RATE), "pcm16")
+    found: dict[str, list[str]] = {}
+    for vad in ("server_vad", "semantic_vad"):
+        detection = {"type": vad} | ({"eagerness": eagerness} if vad == "semantic_vad" and eagerness else {})
+
+        async def script(session: Session) -> None:
+            await session.update({"type": "transcription", "audio": {"input": {"turn_detection": detection}}})
+            await session.append(pcm, RATE, 2)
+            await session.until(f"{TRANSCRIPTION}.completed", 1)
+            await session.connection.input_audio_buffer.commit()  # whatever is left, as its own item
+            await session.until("input_audio_buffer.committed", 2)
+
+        async with running_server(demo_engine) as ctx:
+            events = await in_thread(run_sdk(ctx, script, extra_query={"intent": "transcription"}))
+        found[vad] = [e["transcript"] for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+    assert found["server_vad"][0] == "please send it to the"
+    assert found["semantic_vad"][0] == "please send it to the office today"
 
 
 @pytest.mark.parametrize("kind,table", [("audio/pcmu", MULAW), ("audio/pcma", ALAW)])

@@ -10,7 +10,7 @@ The turn ends once the confidence reaches `eot_threshold` (trigger `model`) or `
 audio passed since its last word (`timeout`); `end` ends it on the client's word (`manual`).
 
 Where the words so far cannot end a sentence ("i'd like a table for", "send it to the": fewer than
-UNFINISHED of written sentences end there, sentence_ends.py), the speaker is looking for the next word,
+one written sentence in 200 ends there, sentence_ends.py), the speaker is looking for the next word,
 not done: the confidence is scaled by the silence since the last word over HOLD seconds, so a turn
 left hanging still ends (at a confidence of 1, after 0.7 x HOLD of silence at the default threshold),
 and a hesitation there does not end it, whatever the model says of the pause.
@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...sentence_ends import end_chance
+from ...sentence_ends import unfinished
 
 FIRMING = 0.5  # seconds of silence after the model's <EOU> that take its confidence to 1
-UNFINISHED = 0.005  # a turn whose words end a sentence less often than this waits for more
 HOLD = 2.0  # seconds of silence after an unfinished turn's last word that take its confidence to full
 
 
@@ -67,7 +66,7 @@ class TurnTaking:
         if last_word is not None:
             name = "Update" if turn.started and not turn.eager else "TurnResumed" if turn.started else "StartOfTurn"
             turn.started, turn.eager, turn.seen, turn.written, turn.last_word = True, False, p, None, last_word
-            turn.unfinished = end_chance(text) < UNFINISHED
+            turn.unfinished = unfinished(text)
             events.append(name)
         turn.seen = max(turn.seen, p)
         if written is not None:

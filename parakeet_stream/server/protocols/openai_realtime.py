@@ -4,7 +4,10 @@ sessions, as the official `openai` SDK (3.x) speaks it.
 The client appends base64 audio to an input buffer; the server answers with transcription
 deltas of the current item and, once an item ends, `committed` and `completed`. An item ends at
 the model's end of utterance (`<EOU>`) when turn detection is on (speech_started/speech_stopped
-frame it), and at the client's `input_audio_buffer.commit` in any mode. A commit ends the
+frame it), and at the client's `input_audio_buffer.commit` in any mode. With `semantic_vad`, an
+end of utterance where the item's words cannot end a sentence (sentence_ends.py: "send it to the")
+waits for the speaker: the item goes on with the next words, or ends once the silence since its
+last word lasted its eagerness' UNFINISHED_WAIT. A commit ends the
 segment (flushing the last words); audio appended while it drains waits for the next one, and
 a commit of it is committed at once, its segment made final when it opens. Times
 (`audio_start_ms`, `audio_end_ms`) count from the first audio of the connection. The client
@@ -20,16 +23,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...engine.phrases import PhraseError
+from ...sentence_ends import unfinished
 from ..streams.language import checked_language
 from ..streams.protocol import Protocol
 from ..streams.schema import InvalidField
 from ..streams.segments import State
 from ..streams.session import Session
 from ..streams.wire import decode_bytes
-from ..streams.words import first_text_time
+from ..streams.words import first_text_time, last_text_time
 from ..transport.codes import KEEP_OPEN, ProtocolError
-from .openai_events import (SCHEMA, TRANSCRIPTION_PATH, Append, Clear, Commit, SessionUpdate, Settings, Transcription,
-                            client_event_id)
+from .openai_events import (SCHEMA, TRANSCRIPTION_PATH, Append, Clear, Commit, SemanticVad, SessionUpdate, Settings,
+                            Transcription, client_event_id)
 
 if TYPE_CHECKING:
     from ...engine import StreamResult
@@ -37,6 +41,9 @@ if TYPE_CHECKING:
     from ..streams.segments import Segment
 
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
+# semantic_vad: seconds of silence after the last word that end an item whose words cannot end a
+# sentence (high: as soon as Flux's default would, medium twice that, low four times)
+UNFINISHED_WAIT = {"high": 0.7, "medium": 1.4, "auto": 1.4, "low": 2.8}
 SERVER_ERRORS = {"inference_error", "internal_error"}
 # the `param` of the audio decoding errors (raised by wire, which knows no OpenAI)
 PARAMS = {"invalid_audio_length": "audio", "invalid_samples": "audio"}
@@ -70,6 +77,8 @@ class Item:
     text: str = ""
     speaking: bool = False  # speech_started was sent
     committed: bool = False
+    last_word: float = 0.0  # connection seconds of its last text token
+    held: bool = False  # an end of utterance came where its words cannot end a sentence
 
 
 class OpenAIRealtimeSession(Session):
@@ -178,8 +187,23 @@ class OpenAIRealtimeSession(Session):
         first = first_text_time(self.info.tokenizer, result)
         if first is not None or result.text:
             self._transcribe(segment, result.text, first or 0.0)
-        if result.utterance_end and self.settings.turn_detection is not None and self._item is not None:
-            self._complete(segment.heard_until(result))
+        if first is not None:
+            self._current_item().last_word = segment.offset + last_text_time(self.info.tokenizer, result)
+            self._item.held = False
+        item, now = self._item, segment.heard_until(result)
+        if self.settings.turn_detection is None or item is None:
+            return
+        if result.utterance_end:
+            item.held = self._waits(item)
+        if (result.utterance_end and not item.held) or (item.held and now - item.last_word >= self._wait()):
+            self._complete(now)
+
+    def _waits(self, item: Item) -> bool:
+        """semantic_vad: whether an end of utterance here leaves the speaker time to go on."""
+        return isinstance(self.settings.turn_detection, SemanticVad) and unfinished(item.text)
+
+    def _wait(self) -> float:
+        return UNFINISHED_WAIT[self.settings.turn_detection.eagerness or "auto"]
 
     def _transcribe(self, segment: Segment, text: str, first_token: float) -> None:
         item = self._current_item()

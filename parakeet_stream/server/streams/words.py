@@ -56,6 +56,13 @@ def first_text_time(tokenizer: Tokenizer, result: StreamResult) -> float | None:
     return next((seconds for token, seconds in zip(result.token_ids, result.token_times) if token in text), None)
 
 
+def last_text_time(tokenizer: Tokenizer, result: StreamResult) -> float | None:
+    """Stream seconds of the result's last text token, None if it has none."""
+    text = pieces(tokenizer).text
+    return next((seconds for token, seconds in zip(reversed(result.token_ids), reversed(result.token_times))
+                 if token in text), None)
+
+
 def timed_tokens(result: StreamResult, offset: float = 0.0) -> list[TimedToken]:
     """Every token of the result as (id, seconds + offset, confidence)."""
     return [(token, seconds + offset, p)
