@@ -241,12 +241,16 @@ def normalize(s: str) -> list[str] | None:
     return words or None
 
 
+def fortune_files() -> list[Path]:
+    """The fortune files read (every installed fortunes package adds its own)."""
+    listing = FORTUNE_DIR.iterdir() if FORTUNE_DIR.is_dir() else []
+    return sorted(p for p in listing
+                  if p.is_file() and not p.is_symlink() and p.suffix != ".dat" and p.name not in SKIP_FORTUNE_FILES)
+
+
 def read_fortunes() -> list[str]:
     """Raw sentences (with punctuation) from every fortune file."""
-    listing = FORTUNE_DIR.iterdir() if FORTUNE_DIR.is_dir() else []
-    files = sorted(p for p in listing
-                   if p.is_file() and not p.is_symlink() and p.suffix != ".dat"
-                   and p.name not in SKIP_FORTUNE_FILES)
+    files = fortune_files()
     if not files:
         sys.exit(f"no fortune files in {FORTUNE_DIR}: apt-get install -y fortunes fortunes-min")
     sentences = []

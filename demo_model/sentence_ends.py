@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from demo_model.data import normalize, read_fortunes
+from demo_model.data import fortune_files, normalize, read_fortunes
 from parakeet_stream.sentence_ends import ORDER, START, TABLE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +60,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     held = held_out(Path(args.text))
     distinct = {" ".join(w) for w in (normalize(s) for s in read_fortunes()) if w} - held
-    table = count([s.split() for s in sorted(distinct)])
+    table = {**count([s.split() for s in sorted(distinct)]), "fortunes": [p.name for p in fortune_files()]}
     Path(args.out).write_bytes(gzip.compress(json.dumps(table, separators=(",", ":")).encode(), mtime=0))
     print(f"{args.out}: {table['sentences']} sentences, {len(table['contexts'])} contexts")
 
