@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Count where written English sentences end, for the turn-taking's pauses (parakeet_stream/sentence_ends.py).
 
-    python -m demo_model.sentence_ends        # -> parakeet_stream/data/sentence_ends.json.gz
+    python -m demo_model.sentence_ends             # -> parakeet_stream/data/sentence_ends.json.gz
+    python -m demo_model.sentence_ends --evaluate  # what the shipped table holds on held-out sentences
 
 The sentences of Debian's `fortunes` files (apt-get install -y fortunes), read and normalised as the
 demo corpus reads them (demo_model/data.py: lower-case words, digits spelled out), each distinct one
@@ -16,12 +17,13 @@ import argparse
 import collections
 import gzip
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 from demo_model.data import fortune_files, normalize, read_fortunes
-from parakeet_stream.sentence_ends import ORDER, START, TABLE
+from parakeet_stream.sentence_ends import ORDER, START, TABLE, unfinished
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "demo_sentences.json"
@@ -53,12 +55,27 @@ def count(sentences: list[list[str]]) -> dict:
     return {"base": len(sentences) / sum(map(len, sentences)), "sentences": len(sentences), "contexts": kept}
 
 
+def evaluate(text_dir: Path, seed: int = 0) -> dict:
+    """On the demo corpus's unseen sentences (never counted): the share of them cut after a random
+    word (a hesitation) that the turn-taking holds, and the share of their whole ends it holds."""
+    rng = random.Random(seed)
+    sentences = [line.split() for line in (text_dir / "test_sentences.txt").read_text().splitlines()]
+    sentences = [words for words in sentences if len(words) > 1]
+    cuts = [" ".join(words[: rng.randint(1, len(words) - 1)]) for words in sentences]
+    return {"sentences": len(sentences), "cuts_held": round(sum(map(unfinished, cuts)) / len(cuts), 3),
+            "ends_held": round(sum(unfinished(" ".join(words)) for words in sentences) / len(sentences), 3)}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(TABLE), help="the table (gzip JSON)")
     ap.add_argument("--text", default=str(ROOT / "data" / "demo" / "text"), help="the demo corpus's text folder")
+    ap.add_argument("--evaluate", action="store_true", help="measure the shipped table instead of counting")
     args = ap.parse_args(argv)
     held = held_out(Path(args.text))
+    if args.evaluate:
+        print(json.dumps(evaluate(Path(args.text))))
+        return
     distinct = {" ".join(w) for w in (normalize(s) for s in read_fortunes()) if w} - held
     table = {**count([s.split() for s in sorted(distinct)]), "fortunes": [p.name for p in fortune_files()]}
     Path(args.out).write_bytes(gzip.compress(json.dumps(table, separators=(",", ":")).encode(), mtime=0))

@@ -63,3 +63,10 @@ def test_the_shipped_table_is_what_its_command_counts(tmp_path):
     out = tmp_path / "table.json.gz"
     build.main(["--out", str(out), "--text", str(tmp_path / "demo" / "text")])
     assert out.read_bytes() == TABLE.read_bytes()
+
+
+def test_the_evaluation_counts_held_hesitations_and_held_ends(tmp_path):
+    (tmp_path / "test_sentences.txt").write_text("the office\nthe end\nsend it to the office\none\n")
+    got = build.evaluate(tmp_path)
+    # three sentences of two words or more; cut after "the" twice, and somewhere in the third
+    assert got["sentences"] == 3 and got["ends_held"] == 0.0 and got["cuts_held"] >= 2 / 3 - 1e-3
