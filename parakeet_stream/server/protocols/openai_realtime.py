@@ -199,8 +199,10 @@ class OpenAIRealtimeSession(Session):
             self._complete(now)
 
     def _waits(self, item: Item) -> bool:
-        """semantic_vad: whether an end of utterance here leaves the speaker time to go on."""
-        return isinstance(self.settings.turn_detection, SemanticVad) and unfinished(item.text)
+        """semantic_vad: whether an end of utterance here leaves the speaker time to go on (English only:
+        the counts are of English sentences)."""
+        english = (self.segments.language or "en").lower().startswith("en")
+        return isinstance(self.settings.turn_detection, SemanticVad) and english and unfinished(item.text)
 
     def _wait(self) -> float:
         return UNFINISHED_WAIT[self.settings.turn_detection.eagerness or "auto"]
