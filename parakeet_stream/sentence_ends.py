@@ -3,10 +3,10 @@ sentences end after the same last words (Debian's `fortunes`, counted by demo_mo
 into data/sentence_ends.json.gz).
 
 The turn-taking (server/protocols/flux_turns.py, and openai_realtime.py's `semantic_vad`) asks it
-whether a pause comes where a sentence cannot end ("i'd like a table for", "send it to the"): there a speaker is searching for the next
-word, so the turn waits longer for them. The chance backs off from the last three words to the last
-two, the last one and no word at all, each step shrunk toward the one before by SHRINK counts
-(absolute counts are few: 32,000 sentences), so a rare context says little. Words are lower case,
+whether a pause comes where a sentence cannot end ("i'd like a table for", "send it to the"): there
+a speaker is searching for the next word, so the turn waits longer for them. The chance backs off
+from the last three words to the last two, the last one and no word at all, each step shrunk toward
+the one before by SHRINK counts (32,000 sentences: a rare context says little). Words are lower case,
 with the punctuation a model writes taken off; text ending in '.', '?' or '!' is a sentence's end.
 """
 from __future__ import annotations

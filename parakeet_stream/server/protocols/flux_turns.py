@@ -58,7 +58,8 @@ class TurnTaking:
         self.thresholds = thresholds
         self.turn = Turn()
 
-    def follow(self, last_word: float | None, p: float, written: float | None, now: float, text: str = "") -> list[Event]:
+    def follow(self, last_word: float | None, p: float, written: float | None, now: float,
+               text: str = "") -> list[Event]:
         """One stretch of results up to `now` (connection seconds): `last_word` its last word's time
         (None: no word), `p` the <EOU> probability at its end, `written` when the model wrote the
         <EOU> that ends it (None: none), `text` the turn's words up to it. The events it causes, in order."""
