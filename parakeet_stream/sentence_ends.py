@@ -3,7 +3,7 @@ sentences end after the same last words (Debian's `fortunes`, counted by demo_mo
 into data/sentence_ends.json.gz).
 
 The turn-taking (server/protocols/flux_turns.py, and openai_realtime.py's `semantic_vad`) asks it
-whether a pause comes where a sentence cannot end ("i'd like a table for", "send it to the"): there
+whether a pause comes where a sentence cannot end ("at the end of", "send it to the"): there
 a speaker is searching for the next word, so the turn waits longer for them. The chance backs off
 from the last three words to the last two, the last one and no word at all, each step shrunk toward
 the one before by SHRINK counts (32,000 sentences: a rare context says little). Words are lower case,

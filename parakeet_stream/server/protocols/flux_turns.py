@@ -9,7 +9,7 @@ does not wait for the timeout, and words before FIRMING passed take it back). On
 The turn ends once the confidence reaches `eot_threshold` (trigger `model`) or `eot_timeout_ms` of
 audio passed since its last word (`timeout`); `end` ends it on the client's word (`manual`).
 
-Where the words so far cannot end a sentence ("i'd like a table for", "send it to the": fewer than
+Where the words so far cannot end a sentence ("at the end of", "send it to the": fewer than
 one written sentence in 200 ends there, sentence_ends.py), the speaker is looking for the next word,
 not done: the confidence is scaled by the silence since the last word over HOLD seconds, so a turn
 left hanging still ends (at a confidence of 1, after 0.7 x HOLD of silence at the default threshold),
