@@ -72,13 +72,18 @@ def main(argv=None) -> None:
     ap.add_argument("--text", default=str(ROOT / "data" / "demo" / "text"), help="the demo corpus's text folder")
     ap.add_argument("--evaluate", action="store_true", help="measure the shipped table instead of counting")
     args = ap.parse_args(argv)
-    held = held_out(Path(args.text))
+    text, out = Path(args.text), Path(args.out)
+    if text.name != "text":
+        sys.exit(f"--text {args.text}: a demo corpus's text folder (<corpus>/text), e.g. data/demo/text")
+    if not args.evaluate and not out.parent.is_dir():
+        sys.exit(f"--out {args.out}: no folder {out.parent}")
+    held = held_out(text)
     if args.evaluate:
-        print(json.dumps(evaluate(Path(args.text))))
+        print(json.dumps(evaluate(text)))
         return
     distinct = {" ".join(w) for w in (normalize(s) for s in read_fortunes()) if w} - held
     table = {**count([s.split() for s in sorted(distinct)]), "fortunes": [p.name for p in fortune_files()]}
-    Path(args.out).write_bytes(gzip.compress(json.dumps(table, separators=(",", ":")).encode(), mtime=0))
+    out.write_bytes(gzip.compress(json.dumps(table, separators=(",", ":")).encode(), mtime=0))
     print(f"{args.out}: {table['sentences']} sentences, {len(table['contexts'])} contexts")
 
 
