@@ -22,6 +22,7 @@ UNFINISHED = 0.005  # words after which fewer sentences than this end cannot end
 SHRINK = 2.0  # pseudo-counts toward the shorter context's chance
 ORDER = 3  # words of context, at most
 START = "<s>"  # before a sentence's first word
+TAIL = 200  # characters of a text read: enough for its last ORDER words, whatever its length
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)*")
 
 
@@ -40,7 +41,7 @@ def end_chance(text: str) -> float:
     if text.rstrip().endswith((".", "?", "!")):
         return 1.0
     base, contexts = _table()
-    padded = [START] * (ORDER - 1) + words_of(text)
+    padded = [START] * (ORDER - 1) + words_of(text[-TAIL:])
     chance = base
     for n in range(1, ORDER + 1):
         ends, total = contexts.get(" ".join(padded[-n:]), (0, 0))

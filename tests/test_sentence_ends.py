@@ -70,3 +70,15 @@ def test_the_evaluation_counts_held_hesitations_and_held_ends(tmp_path):
     got = build.evaluate(tmp_path)
     # three sentences of two words or more; cut after "the" twice, and somewhere in the third
     assert got["sentences"] == 3 and got["ends_held"] == 0.0 and got["cuts_held"] >= 2 / 3 - 1e-3
+
+
+@pytest.mark.parametrize("argv, said", [(["--text", "nowhere"], "--text nowhere"),
+                                        (["--out", "/nonexistent/dir/t.json.gz"], "no folder /nonexistent/dir")])
+def test_bad_paths_are_refused_in_one_line_before_anything_is_built(tmp_path, argv, said):
+    with pytest.raises(SystemExit, match=said):
+        build.main(argv + ([] if "--text" in argv else ["--text", str(tmp_path / "c" / "text")]))
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_long_text_is_judged_by_its_last_words():
+    assert end_chance("and so on " * 500 + "send it to the") == end_chance("please send it to the") < 0.005

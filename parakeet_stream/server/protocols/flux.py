@@ -133,6 +133,9 @@ class ForceEndTurn(Message, tag="ForceEndTurn"):
 
 
 SCHEMA = Schema(Configure, ForceEndTurn, CloseStream, KeepAlive)
+# text tokens of a turn its sentence-end check reads: its last few words (sentence_ends.ORDER),
+# whatever the turn's length (decoding a whole caption-long turn at every result grows with it)
+TURN_TAIL = 48
 
 
 class FluxSession(Session):
@@ -147,7 +150,7 @@ class FluxSession(Session):
         self._pieces = pieces(self.info.tokenizer)
         self.turns = TurnTaking(options.thresholds)
         self._turn_words: list[dict] = []  # the complete words of the turn in progress
-        self._turn_tokens: list[int] = []  # its text tokens, the last word's too
+        self._turn_tokens: list[int] = []  # its last TURN_TAIL text tokens, the last word's too
         self._closing = False
         self._manual = False  # the segment ends for ForceEndTurn
 
@@ -219,7 +222,7 @@ class FluxSession(Session):
         for part, p, written in self._parts(result):
             text = [(token, segment.offset + t) for token, t in zip(part.token_ids, part.token_times)
                     if token in self._pieces.text]
-            self._turn_tokens += [token for token, _ in text]
+            self._turn_tokens = (self._turn_tokens + [token for token, _ in text])[-TURN_TAIL:]
             events = self.turns.follow(text[-1][1] if text else None, p,
                                        None if written is None else segment.offset + written, now,
                                        self._pieces.decode(self._turn_tokens) if text else "")
