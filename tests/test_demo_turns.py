@@ -8,13 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from demo_model import data, turns
-from parakeet_stream.model.tokenizer import Tokenizer
 import torch
 
+from demo_model import data, turns
 from parakeet_stream.model.config import ModelConfig
 from parakeet_stream.model.parakeet import ParakeetModel
+from parakeet_stream.model.tokenizer import Tokenizer
 from parakeet_stream.training.data import DB, Example, collate, example_features, speech_end
 from parakeet_stream.training.objective import Transducer
 
